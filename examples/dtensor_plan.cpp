@@ -1,0 +1,280 @@
+// dtensor-plan: plans and explains the redistribution of a tensor between two layouts.
+//   dtensor-plan --mesh 2x4 --shape 1024x4096 --dtype bf16 --from 'S(0),R' --to 'R,S(1)'
+#include <dtensor/dtensor.hpp>
+
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace dtensor;
+
+constexpr std::string_view usage =
+    R"(usage: dtensor-plan --mesh 2x4 --shape 1024x4096 --from 'S(0),R' [--to 'R,S(1)'] [options]
+
+Plans the redistribution of a tensor from one layout to another on a device mesh and explains
+it: the steps, bytes per rank, estimated time and the ratio to the lower bound, with a
+sharding picture of both layouts. Without --to, explains the one layout.
+
+  --mesh 2x4             mesh extents, outermost first
+  --shape 1024x4096      global tensor shape
+  --from, --to 'S(0),R'  one placement per mesh dim: S(d) shards tensor dim d, R replicates,
+                         P or P(sum|avg|max|min|product) holds partial values
+  --dtype bf16           f32 (default), f64, f16, bf16, i32, i64, u8
+  --names dp,tp          names of the mesh dims
+  --balanced             uneven dims in pieces that differ by at most one (default: torch.chunk)
+  --objective time       what to minimise: time (the cost model's, default) or bytes
+  --padding auto         uneven steps: auto, always (pad to the largest piece) or never
+  --no-exchange          only per-mesh-dim collectives
+  --no-all-to-all        no all-to-all: shard dim changes go through Replicate
+  --backward             explain the gradient plan (PyTorch's rule) instead
+  --grad 'R,S(1)'        the gradient's placements for --backward (default: --to's)
+  --adjoint              explain the adjoint (transpose) plan instead
+  --ranks-per-node 8     for the default cost model: inner mesh dims within a node use
+                         NVLink-like links, the others network-like
+  --json                 print the plan as JSON
+  -h, --help             this text
+)";
+
+// A command-line mistake: reported on one line, exit code 2.
+struct usage_error {
+  std::string message;
+};
+
+struct Options {
+  std::string mesh, shape, from, to, names, grad, dtype = "f32";
+  bool balanced = false, json = false, backward = false, adjoint = false, help = false;
+  PlanOptions plan;
+  int ranks_per_node = 8;
+};
+
+int parse_int_option(std::string_view option, std::string_view value) {
+  std::int64_t v = 0;
+  if (!detail::parse_int(value, v) || v < 1 || v > 1 << 30)
+    throw usage_error{fmt::format("{} needs a positive integer, got '{}'", option, value)};
+  return static_cast<int>(v);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  const std::vector<std::string_view> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string_view arg = args[i];
+    if (arg == "-h" || arg == "--help")
+      o.help = true;
+    else if (arg == "--balanced")
+      o.balanced = true;
+    else if (arg == "--json")
+      o.json = true;
+    else if (arg == "--backward")
+      o.backward = true;
+    else if (arg == "--adjoint")
+      o.adjoint = true;
+    else if (arg == "--no-exchange")
+      o.plan.allow_exchange = false;
+    else if (arg == "--no-all-to-all")
+      o.plan.allow_all_to_all = false;
+    else {
+      if (arg.substr(0, 2) != "--")
+        throw usage_error{fmt::format("unexpected argument '{}' (see --help)", arg)};
+      std::string_view value;
+      const auto eq = arg.find('=');
+      if (eq != std::string_view::npos) {
+        value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        throw usage_error{fmt::format("option {} needs a value", arg)};
+      }
+      if (arg == "--mesh")
+        o.mesh = value;
+      else if (arg == "--shape")
+        o.shape = value;
+      else if (arg == "--from")
+        o.from = value;
+      else if (arg == "--to")
+        o.to = value;
+      else if (arg == "--names")
+        o.names = value;
+      else if (arg == "--dtype")
+        o.dtype = value;
+      else if (arg == "--grad")
+        o.grad = value;
+      else if (arg == "--ranks-per-node")
+        o.ranks_per_node = parse_int_option(arg, value);
+      else if (arg == "--objective") {
+        if (value == "time")
+          o.plan.objective = Objective::time;
+        else if (value == "bytes")
+          o.plan.objective = Objective::bytes;
+        else
+          throw usage_error{fmt::format("--objective is time or bytes, got '{}'", value)};
+      } else if (arg == "--padding") {
+        if (value == "auto")
+          o.plan.padding = Padding::automatic;
+        else if (value == "always")
+          o.plan.padding = Padding::always;
+        else if (value == "never")
+          o.plan.padding = Padding::never;
+        else
+          throw usage_error{fmt::format("--padding is auto, always or never, got '{}'", value)};
+      } else {
+        throw usage_error{fmt::format("unknown option '{}' (see --help)", arg)};
+      }
+    }
+  }
+  if (o.help) return o;
+  if (o.mesh.empty()) throw usage_error{"--mesh is required, e.g. --mesh 2x4"};
+  if (o.shape.empty()) throw usage_error{"--shape is required, e.g. --shape 1024x4096"};
+  if (o.from.empty()) throw usage_error{"--from is required, e.g. --from 'S(0),R'"};
+  if (o.to.empty() && (o.backward || o.adjoint || o.json))
+    throw usage_error{"--to is required with --backward, --adjoint and --json"};
+  if (o.backward && o.adjoint) throw usage_error{"choose one of --backward and --adjoint"};
+  if (!o.grad.empty() && !o.backward) throw usage_error{"--grad goes with --backward"};
+  return o;
+}
+
+DeviceMesh make_mesh(const Options& o) {
+  const DeviceMesh plain = parse_mesh(o.mesh);
+  if (o.names.empty()) return plain;
+  std::vector<std::string_view> names;
+  std::string_view rest = o.names;
+  while (true) {
+    const auto comma = rest.find(',');
+    names.push_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return DeviceMesh(plain.shape(), names);
+}
+
+void print_layout(std::string_view title, const Layout& l) {
+  fmt::print("{}: {}\n", title, l);
+  fmt::print("  {:>4}  {:<12} {:<20} {:<20} {:>12}\n", "rank", "coord", "offset", "shape", "bytes");
+  for (int i = 0; i < l.mesh().size(); ++i) {
+    const int rank = l.mesh().rank_at(i);
+    const Box b = l.local_box(rank);
+    fmt::print("  {:>4}  {:<12} {:<20} {:<20} {:>12}\n", rank, l.mesh().coordinate(rank), b.offset,
+               b.shape, b.numel() * l.elem_bytes());
+  }
+  fmt::print("\n{}\n", sharding_picture(l));
+}
+
+// ["S(0)","R"]
+std::string json_placements(const Placements& ps) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ps.size(); ++i) out += fmt::format("{}\"{}\"", i ? "," : "", ps[i]);
+  return out + "]";
+}
+
+template <class V>
+std::string json_list(const V& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) out += fmt::format("{}{}", i ? "," : "", v[i]);
+  return out + "]";
+}
+
+void print_json(const Plan& plan, std::string_view kind) {
+  const Layout& src = plan.src();
+  const Layout& dst = plan.dst();
+  const DeviceMesh& mesh = src.mesh();
+  std::string out = fmt::format(
+      "{{\"kind\":\"{}\",\"mesh\":{},\"shape\":{},\"dtype\":\"{}\",\"elem_bytes\":{},", kind,
+      json_list(mesh.shape()), json_list(src.global_shape()), src.dtype(), src.elem_bytes());
+  if (mesh.has_names()) {
+    out += "\"names\":[";
+    for (int k = 0; k < mesh.ndim(); ++k)
+      out += fmt::format("{}\"{}\"", k ? "," : "", mesh.name(k));
+    out += "],";
+  }
+  out += fmt::format("\"from\":{},\"to\":{},\"steps\":[", json_placements(src.placements()),
+                     json_placements(dst.placements()));
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const Step& s = plan[i];
+    std::string dims = "[";
+    if (s.mesh_dim >= 0)
+      dims += fmt::format("{}", s.mesh_dim);
+    else
+      for (int k = 0; k < mesh.ndim(); ++k) dims += fmt::format("{}{}", k ? "," : "", k);
+    dims += "]";
+    out += fmt::format(
+        "{}{{\"op\":\"{}\",\"mesh_dims\":{},\"from\":{},\"to\":{},\"padded\":{},"
+        "\"bytes_recv_max\":{},\"bytes_send_max\":{},\"est_us\":{:.4f}}}",
+        i ? "," : "", name(s.kind), dims, json_placements(s.before), json_placements(s.after),
+        s.padded, s.bytes_recv_max, s.bytes_send_max, s.est_us);
+  }
+  out += fmt::format(
+      "],\"bytes_recv_max\":{},\"bytes_send_max\":{},\"lower_bound_bytes_recv_max\":{},"
+      "\"est_us\":{:.4f},\"ranks\":[",
+      plan.bytes_recv_max(), plan.bytes_send_max(), plan.lower_bound_bytes_recv_max(),
+      plan.est_us());
+  for (int i = 0; i < mesh.size(); ++i) {
+    const int rank = mesh.rank_at(i);
+    const Box a = src.local_box(rank), b = dst.local_box(rank);
+    const RankBytes bytes = rank_bytes(plan, rank);
+    out += fmt::format(
+        "{}{{\"rank\":{},\"coord\":{},\"src_offset\":{},\"src_shape\":{},\"dst_offset\":{},"
+        "\"dst_shape\":{},\"bytes_recv\":{},\"bytes_send\":{}}}",
+        i ? "," : "", rank, json_list(mesh.coordinate(rank)), json_list(a.offset),
+        json_list(a.shape), json_list(b.offset), json_list(b.shape), bytes.recv, bytes.send);
+  }
+  out += "]}\n";
+  fmt::print("{}", out);
+}
+
+int run(Options o) {
+  const DeviceMesh mesh = make_mesh(o);
+  const Shape shape = parse_shape(o.shape);
+  const DType dtype = parse_dtype(o.dtype);
+  const ChunkPolicy policy = o.balanced ? ChunkPolicy::balanced : ChunkPolicy::torch_chunk;
+  const Layout src(mesh, parse_placements(o.from), shape, dtype, policy);
+  if (o.to.empty()) {
+    print_layout("layout", src);
+    return 0;
+  }
+  const Layout dst(mesh, parse_placements(o.to), shape, dtype, policy);
+  o.plan = o.plan.with_cost_model(CostModel::defaults(mesh, o.ranks_per_node));
+  std::string_view kind = "forward";
+  Plan plan = plan_redistribute(src, dst, o.plan);
+  if (o.backward) {
+    kind = "backward";
+    const Placements grad = o.grad.empty() ? dst.placements() : parse_placements(o.grad);
+    plan = plan_backward(src, dst, grad, o.plan);
+  } else if (o.adjoint) {
+    kind = "adjoint";
+    plan = plan_adjoint(src, dst, o.plan);
+  }
+  if (o.json) {
+    print_json(plan, kind);
+    return 0;
+  }
+  if (kind != "forward")
+    fmt::print("{} plan of {} -> {}\n", kind, src.placements(), dst.placements());
+  fmt::print("{}\n", explain(plan));
+  print_layout("from", plan.src());
+  print_layout("to", plan.dst());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse_args(argc, argv);
+    if (o.help) {
+      fmt::print("{}", usage);
+      return 0;
+    }
+    return run(o);
+  } catch (const usage_error& e) {
+    fmt::print(stderr, "dtensor-plan: {}\n", e.message);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dtensor-plan: {}\n", e.what());
+  }
+  return 2;
+}

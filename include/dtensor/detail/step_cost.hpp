@@ -1,0 +1,255 @@
+#pragma once
+
+#include <cstdint>
+
+#include "../cost_model.hpp"
+#include "../layout.hpp"
+#include "../plan.hpp"
+
+// What one step costs one rank: the bytes it sends and receives, under the ring-algorithm
+// convention of nccl-tests' bus bandwidth, and the cost model's time for them.
+namespace dtensor::detail {
+
+struct RankStepCost {
+  RankBytes bytes;
+  double us = 0;
+};
+
+constexpr std::int64_t max_of(std::int64_t a, std::int64_t b) noexcept { return a > b ? a : b; }
+
+// Visits the coordinates of the mesh that agree with `base` on every dim where `fixed[k]`,
+// and take every value on the others.
+template <class F>
+constexpr void for_each_coord(const DeviceMesh& mesh, const MeshCoord& base, const bool* fixed,
+                              F&& f) {
+  MeshCoord c = base;
+  for (int k = 0; k < mesh.ndim(); ++k)
+    if (!fixed[k]) c[k] = 0;
+  while (true) {
+    f(c);
+    int k = mesh.ndim() - 1;
+    for (; k >= 0; --k) {
+      if (fixed[k]) continue;
+      if (++c[k] < mesh.size(k)) break;
+      c[k] = 0;
+    }
+    if (k < 0) return;
+  }
+}
+
+// The outermost mesh dim where two coordinates differ (-1 when equal).
+constexpr int outermost_difference(const MeshCoord& a, const MeshCoord& b) noexcept {
+  for (std::size_t k = 0; k < a.size(); ++k)
+    if (a[k] != b[k]) return static_cast<int>(k);
+  return -1;
+}
+
+// An exchange moves, to each rank r, the part of its target block it lacks. It receives each
+// source tile from the holder whose coordinates on the source's non-shard dims equal r's (a
+// replica next to it), so each rank receives exactly |dst(r)| - |dst(r) ∩ src(r)| elements.
+// `f(source_coord, piece)` is called for every source with a non-empty piece, r's own included.
+template <class F>
+constexpr void for_each_exchange_source(const Layout& base, const Placements& before,
+                                        const Placements& after, const MeshCoord& receiver, F&& f) {
+  const DeviceMesh& mesh = base.mesh();
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
+  const Box want = base.local_box(after, receiver);
+  if (want.empty()) return;
+  for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
+    const Box piece = intersect(want, base.local_box(before, source));
+    if (!piece.empty()) f(source, piece);
+  });
+}
+
+// The ranks an exchange sends to from `sender`, with the piece each gets (the sender's own
+// piece included): every receiver that picks `sender` as its source.
+template <class F>
+constexpr void for_each_exchange_target(const Layout& base, const Placements& before,
+                                        const Placements& after, const MeshCoord& sender, F&& f) {
+  const DeviceMesh& mesh = base.mesh();
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
+  const Box have = base.local_box(before, sender);
+  if (have.empty()) return;
+  for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
+    const Box piece = intersect(have, base.local_box(after, receiver));
+    if (!piece.empty()) f(receiver, piece);
+  });
+}
+
+// The number of pieces that tensor dim d of `range` is cut into by the shards of mesh dims from
+// `depth` on, counting only non-empty pieces that overlap `want` (both ranges of dim d).
+constexpr std::int64_t pieces_overlapping(const Layout& base, const Placements& ps, int depth,
+                                          int d, Range range, Range want) {
+  // Depth-first over the nesting; the meshes here have at most 8 dims.
+  int next = depth;
+  while (next < base.mesh().ndim() && !ps[next].is_shard(d)) ++next;
+  const std::int64_t lo = range.start > want.start ? range.start : want.start;
+  const std::int64_t hi_a = range.start + range.size, hi_b = want.start + want.size;
+  if ((hi_a < hi_b ? hi_a : hi_b) <= lo || range.size == 0) return 0;
+  if (next == base.mesh().ndim()) return 1;
+  std::int64_t count = 0;
+  const int g = base.mesh().size(next);
+  for (int j = 0; j < g; ++j) {
+    const Range r = chunk_range(range.size, g, j, base.policy());
+    count += pieces_overlapping(base, ps, next + 1, d, {range.start + r.start, r.size}, want);
+  }
+  return count;
+}
+
+struct ExchangeCost {
+  std::int64_t send = 0;  // elements
+  std::int64_t recv = 0;  // elements
+  double us = 0;
+};
+
+// An exchange, seen from the rank at `coord` (see for_each_exchange_source). The sources that
+// first differ from it on mesh dim k hold the part of its target block inside box V_k but
+// outside V_(k+1), where V_k is cut by the source's shards of mesh dims before k (V_0 is the
+// tensor, V_n its own block): elements and messages per link class in O(mesh dims).
+constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& before,
+                                     const Placements& after, const MeshCoord& coord,
+                                     const CostModel& cost) {
+  ExchangeCost out;
+  const DeviceMesh& mesh = base.mesh();
+  const int n = mesh.ndim();
+  const int nd = base.tensor_ndim();
+  const Box want = base.local_box(after, coord);
+  if (!want.empty()) {
+    std::int64_t inside_prev = want.numel();  // |want ∩ V_0|
+    std::int64_t tiles_prev = 1;
+    for (int d = 0; d < nd; ++d)
+      tiles_prev *= pieces_overlapping(base, before, 0, d, {0, base.global_shape()[d]},
+                                       {want.offset[d], want.shape[d]});
+    for (int k = 0; k < n; ++k) {
+      const Box v = base.outer_box(before, coord, k + 1);
+      const std::int64_t inside = overlap_numel(want, v);
+      std::int64_t tiles = 1;
+      for (int d = 0; d < nd; ++d)
+        tiles *= pieces_overlapping(base, before, k + 1, d, {v.offset[d], v.shape[d]},
+                                    {want.offset[d], want.shape[d]});
+      const std::int64_t elements = inside_prev - inside;
+      const std::int64_t messages = tiles_prev - tiles;
+      if (elements > 0) {
+        out.recv += elements;
+        out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages),
+                                       double(elements * base.elem_bytes()));
+      }
+      inside_prev = inside;
+      tiles_prev = tiles;
+    }
+  }
+  // Sends: to every receiver that picks this rank, the part of its block this rank holds. The
+  // receivers vary on the source's shard dims; those that do not shard in the target get
+  // copies of the same block.
+  const Box have = base.local_box(before, coord);
+  if (!have.empty()) {
+    bool fixed[max_mesh_dims] = {};
+    std::int64_t copies = 1;
+    for (int k = 0; k < n; ++k) {
+      fixed[k] = !before[k].is_shard() || !after[k].is_shard();
+      if (before[k].is_shard() && !after[k].is_shard()) copies *= mesh.size(k);
+    }
+    std::int64_t total = 0;
+    for_each_coord(mesh, coord, fixed, [&](const MeshCoord& receiver) {
+      total += overlap_numel(have, base.local_box(after, receiver));
+    });
+    out.send = total * copies - overlap_numel(have, want);
+  }
+  return out;
+}
+
+// Bytes and time of one step for the rank at `coord`. `padded` pads uneven pieces to the
+// group's largest; otherwise the step moves exact sizes in point-to-point rounds.
+// `base` gives the mesh, shape, dtype and policy; `before` and `after` the placements.
+constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& before,
+                                      const Placements& after, StepKind kind, int k, bool padded,
+                                      const MeshCoord& coord, const CostModel& cost) {
+  RankStepCost out;
+  const std::int64_t elem = base.elem_bytes();
+  if (kind == StepKind::exchange) {
+    const ExchangeCost e = exchange_cost(base, before, after, coord, cost);
+    out.bytes = {e.send * elem, e.recv * elem};
+    out.us = e.us;
+    return out;
+  }
+  if (!moves_data(kind) || base.mesh().size(k) == 1) return out;
+
+  const DeviceMesh& mesh = base.mesh();
+  const int g = mesh.size(k);
+  const int me = coord[k];
+  MeshCoord peer = coord;
+  auto numel_at = [&](const Placements& ps, int j) {
+    peer[k] = j;
+    return base.local_box(ps, peer).numel();
+  };
+  std::int64_t recv = 0, send = 0, largest = 0;
+  double messages = g - 1;
+  bool uneven = false;
+  switch (kind) {
+    case StepKind::all_gather: {
+      std::int64_t total = 0;
+      const std::int64_t own = numel_at(before, me);
+      for (int j = 0; j < g; ++j) {
+        const std::int64_t n = numel_at(before, j);
+        total += n;
+        largest = max_of(largest, n);
+        uneven |= n != own;
+      }
+      recv = padded ? (g - 1) * largest : total - own;
+      send = padded ? (g - 1) * largest : (g - 1) * own;
+      break;
+    }
+    case StepKind::reduce_scatter: {
+      std::int64_t total = 0;
+      const std::int64_t own = numel_at(after, me);
+      for (int j = 0; j < g; ++j) {
+        const std::int64_t n = numel_at(after, j);
+        total += n;
+        largest = max_of(largest, n);
+        uneven |= n != own;
+      }
+      recv = padded ? (g - 1) * largest : (g - 1) * own;
+      send = padded ? (g - 1) * largest : total - own;
+      break;
+    }
+    case StepKind::all_reduce: {
+      // A reduce-scatter of the block in g balanced pieces, then an all-gather of them.
+      const std::int64_t block = base.local_box(before, coord).numel();
+      const std::int64_t piece = chunk_range(block, g, me, ChunkPolicy::balanced).size;
+      recv = send = (g - 1) * piece + (block - piece);
+      messages = 2.0 * (g - 1);
+      break;
+    }
+    case StepKind::all_to_all: {
+      std::int64_t piece_max = 0;
+      MeshCoord a = coord, b = coord;
+      const Box mine_before = base.local_box(before, coord);
+      const Box mine_after = base.local_box(after, coord);
+      for (int p = 0; p < g; ++p) {
+        a[k] = p;
+        const Box bp = base.local_box(before, a);
+        const Box ap = base.local_box(after, a);
+        if (p != me) {
+          recv += overlap_numel(bp, mine_after);
+          send += overlap_numel(mine_before, ap);
+        }
+        for (int q = 0; padded && q < g; ++q) {
+          b[k] = q;
+          piece_max = max_of(piece_max, overlap_numel(bp, base.local_box(after, b)));
+        }
+        uneven |= !(bp.shape == mine_before.shape) || !(ap.shape == mine_after.shape);
+      }
+      if (padded) recv = send = (g - 1) * piece_max;
+      break;
+    }
+    default: break;
+  }
+  out.bytes = {send * elem, recv * elem};
+  const double latency = !padded && uneven ? cost.p2p_latency_factor : 1.0;
+  out.us = cost.dims[k].time_us(messages * latency, double(out.bytes.recv));
+  return out;
+}
+
+}  // namespace dtensor::detail

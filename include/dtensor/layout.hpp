@@ -1,0 +1,214 @@
+#pragma once
+
+#include <cstdint>
+
+#include "config.hpp"
+#include "detail/checked.hpp"
+#include "detail/static_vector.hpp"
+#include "detail/why.hpp"
+#include "device_mesh.hpp"
+#include "dtype.hpp"
+#include "errors.hpp"
+#include "placement.hpp"
+
+namespace dtensor {
+
+// The sizes of a tensor's dims (also used for offsets into it).
+using Shape = detail::static_vector<std::int64_t, max_tensor_dims>;
+
+// How a dim of n elements is cut into k pieces.
+enum class ChunkPolicy : std::uint8_t {
+  // torch.chunk: pieces of ceil(n/k), trailing pieces short or empty (5 over 4: 2, 2, 1, 0).
+  torch_chunk,
+  // Sizes differ by at most one, larger first (5 over 4: 2, 1, 1, 1).
+  balanced,
+};
+
+// A half-open range [start, start + size) of one tensor dim.
+struct Range {
+  std::int64_t start = 0;
+  std::int64_t size = 0;
+  friend constexpr bool operator==(const Range&, const Range&) noexcept = default;
+};
+
+// Piece `j` of `n` elements cut into `k` pieces under `policy`.
+constexpr Range chunk_range(std::int64_t n, int k, int j, ChunkPolicy policy) noexcept {
+  if (policy == ChunkPolicy::balanced) {
+    const std::int64_t base = n / k;
+    const std::int64_t extra = n % k;
+    return {j * base + (j < extra ? j : extra), base + (j < extra ? 1 : 0)};
+  }
+  const std::int64_t piece = (n + k - 1) / k;
+  const std::int64_t start = j * piece < n ? j * piece : n;
+  const std::int64_t end = start + piece < n ? start + piece : n;
+  return {start, end - start};
+}
+
+// The largest piece of `n` cut into `k` under `policy`: what padding pads each piece to.
+constexpr std::int64_t max_chunk(std::int64_t n, int k, ChunkPolicy policy) noexcept {
+  return chunk_range(n, k, 0, policy).size;
+}
+
+// The number of elements two blocks of the same tensor share.
+struct Box;
+constexpr std::int64_t overlap_numel(const Box& a, const Box& b) noexcept;
+
+// A rectangular block of the global tensor: where it starts and its size in every dim.
+struct Box {
+  Shape offset;
+  Shape shape;
+
+  // Elements in the block.
+  [[nodiscard]] constexpr std::int64_t numel() const noexcept {
+    std::int64_t n = 1;
+    for (std::int64_t s : shape) n *= s;
+    return n;
+  }
+  [[nodiscard]] constexpr bool empty() const noexcept { return numel() == 0; }
+  friend constexpr bool operator==(const Box&, const Box&) noexcept = default;
+};
+
+constexpr std::int64_t overlap_numel(const Box& a, const Box& b) noexcept {
+  std::int64_t n = 1;
+  for (std::size_t d = 0; d < a.shape.size(); ++d) {
+    const std::int64_t lo = a.offset[d] > b.offset[d] ? a.offset[d] : b.offset[d];
+    const std::int64_t ha = a.offset[d] + a.shape[d];
+    const std::int64_t hb = b.offset[d] + b.shape[d];
+    const std::int64_t hi = ha < hb ? ha : hb;
+    if (hi <= lo) return 0;
+    n *= hi - lo;
+  }
+  return n;
+}
+
+// The box where two boxes of the same tensor overlap (an empty box when they don't).
+constexpr Box intersect(const Box& a, const Box& b) noexcept {
+  Box out;
+  out.offset.resize(a.offset.size());
+  out.shape.resize(a.shape.size());
+  for (std::size_t d = 0; d < a.shape.size(); ++d) {
+    const std::int64_t lo = a.offset[d] > b.offset[d] ? a.offset[d] : b.offset[d];
+    const std::int64_t ha = a.offset[d] + a.shape[d];
+    const std::int64_t hb = b.offset[d] + b.shape[d];
+    const std::int64_t hi = ha < hb ? ha : hb;
+    out.offset[d] = lo;
+    out.shape[d] = hi > lo ? hi - lo : 0;
+  }
+  return out;
+}
+
+// How one tensor lies on a mesh: a placement per mesh dim, the global shape, the element type
+// and the chunking policy. Every rank's block follows: mesh dims that shard the same tensor
+// dim nest outermost first, as in PyTorch's DTensor. Partial and Replicate keep the full
+// extent.
+class Layout {
+ public:
+  constexpr Layout(const DeviceMesh& mesh, const Placements& placements, const Shape& shape,
+                   DType dtype = DType::f32, ChunkPolicy policy = ChunkPolicy::torch_chunk)
+      : mesh_(mesh), placements_(placements), shape_(shape), dtype_(dtype), policy_(policy) {
+    if (static_cast<int>(placements.size()) != mesh.ndim())
+      detail::fail<detail::why::placement_count_mismatch>(placements.size(), mesh.ndim());
+    const int nd = static_cast<int>(shape.size());
+    for (int d = 0; d < nd; ++d)
+      if (shape[d] < 0) detail::fail<detail::why::negative_extent>(d, shape[d]);
+    for (Placement& p : placements_) {
+      if (!p.is_shard()) continue;
+      const int d = p.dim();
+      if (d < -nd || d >= nd) detail::fail<detail::why::shard_dim_out_of_range>(d, nd);
+      if (d < 0) p = Placement::shard(d + nd);
+    }
+    global_bytes_ = detail::checked_mul(numel_of(shape), static_cast<std::int64_t>(size_of(dtype)));
+  }
+
+  [[nodiscard]] constexpr const DeviceMesh& mesh() const noexcept { return mesh_; }
+  [[nodiscard]] constexpr const Placements& placements() const noexcept { return placements_; }
+  [[nodiscard]] constexpr const Placement& placement(int mesh_dim) const {
+    return placements_.at(static_cast<std::size_t>(mesh_dim));
+  }
+  [[nodiscard]] constexpr const Shape& global_shape() const noexcept { return shape_; }
+  [[nodiscard]] constexpr DType dtype() const noexcept { return dtype_; }
+  [[nodiscard]] constexpr ChunkPolicy policy() const noexcept { return policy_; }
+  // Number of tensor dims.
+  [[nodiscard]] constexpr int tensor_ndim() const noexcept {
+    return static_cast<int>(shape_.size());
+  }
+  [[nodiscard]] constexpr std::int64_t global_numel() const noexcept { return numel_of(shape_); }
+  [[nodiscard]] constexpr std::int64_t global_bytes() const noexcept { return global_bytes_; }
+  [[nodiscard]] constexpr std::int64_t elem_bytes() const noexcept {
+    return static_cast<std::int64_t>(size_of(dtype_));
+  }
+
+  // The block of the global tensor held by the rank at `coord`.
+  [[nodiscard]] constexpr Box local_box(const MeshCoord& coord) const {
+    return local_box(placements_, coord);
+  }
+  // The block the rank at `coord` would hold under other (valid, resolved) placements.
+  [[nodiscard]] constexpr Box local_box(const Placements& placements,
+                                        const MeshCoord& coord) const {
+    return outer_box(placements, coord, mesh_.ndim());
+  }
+  // The block cut by the shards of mesh dims before `depth` only: the union of the blocks of
+  // every rank that agrees with `coord` on those dims.
+  [[nodiscard]] constexpr Box outer_box(const Placements& placements, const MeshCoord& coord,
+                                        int depth) const {
+    Box box;
+    box.shape = shape_;
+    box.offset.resize(shape_.size(), 0);
+    for (int i = 0; i < depth; ++i) {
+      const Placement& p = placements[i];
+      if (!p.is_shard()) continue;
+      const int d = p.dim();
+      const Range r = chunk_range(box.shape[d], mesh_.size(i), coord.at(i), policy_);
+      box.offset[d] += r.start;
+      box.shape[d] = r.size;
+    }
+    return box;
+  }
+  // The block of the global tensor held by global rank `rank`.
+  [[nodiscard]] constexpr Box local_box(int rank) const {
+    return local_box(mesh_.coordinate(rank));
+  }
+  [[nodiscard]] constexpr Shape local_shape(int rank) const { return local_box(rank).shape; }
+  [[nodiscard]] constexpr Shape global_offset(int rank) const { return local_box(rank).offset; }
+  [[nodiscard]] constexpr std::int64_t local_numel(int rank) const {
+    return local_box(rank).numel();
+  }
+  [[nodiscard]] constexpr std::int64_t local_bytes(int rank) const {
+    return local_numel(rank) * elem_bytes();
+  }
+  // The largest local block over all ranks, in bytes.
+  [[nodiscard]] constexpr std::int64_t max_local_bytes() const {
+    std::int64_t m = 0;
+    for (int i = 0; i < mesh_.size(); ++i) {
+      const std::int64_t b = local_bytes(mesh_.rank_at(i));
+      m = b > m ? b : m;
+    }
+    return m;
+  }
+
+  // This layout with other placements (same mesh, shape, dtype and policy).
+  [[nodiscard]] constexpr Layout with_placements(const Placements& placements) const {
+    return Layout(mesh_, placements, shape_, dtype_, policy_);
+  }
+
+  friend constexpr bool operator==(const Layout& a, const Layout& b) noexcept {
+    return a.mesh_ == b.mesh_ && a.placements_ == b.placements_ && a.shape_ == b.shape_ &&
+           a.dtype_ == b.dtype_ && a.policy_ == b.policy_;
+  }
+
+ private:
+  static constexpr std::int64_t numel_of(const Shape& s) {
+    std::int64_t n = 1;
+    for (std::int64_t e : s) n = detail::checked_mul(n, e);
+    return n;
+  }
+
+  DeviceMesh mesh_;
+  Placements placements_;
+  Shape shape_;
+  DType dtype_;
+  ChunkPolicy policy_;
+  std::int64_t global_bytes_ = 0;
+};
+
+}  // namespace dtensor

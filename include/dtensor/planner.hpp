@@ -1,0 +1,528 @@
+#pragma once
+
+#include <cstdint>
+
+#include "config.hpp"
+#include "cost_model.hpp"
+#include "detail/static_vector.hpp"
+#include "detail/step_cost.hpp"
+#include "detail/why.hpp"
+#include "errors.hpp"
+#include "layout.hpp"
+#include "placement.hpp"
+#include "plan.hpp"
+
+// The redistribution planner: plan_redistribute(src, dst) is the C++ counterpart of PyTorch
+// DTensor's redistribute_local_tensor, constexpr and allocation-free.
+namespace dtensor {
+
+namespace detail {
+
+// A change of one mesh dim's placement.
+struct Transition {
+  int mesh_dim = 0;
+  Placement from;
+  Placement to;
+};
+
+using Transitions = static_vector<Transition, max_plan_steps>;
+
+// Whether mesh dim k is the innermost to shard tensor dim d (no later mesh dim does).
+constexpr bool innermost_shard(const Placements& ps, int k, int d) noexcept {
+  for (std::size_t j = static_cast<std::size_t>(k) + 1; j < ps.size(); ++j)
+    if (ps[j].is_shard(d)) return false;
+  return true;
+}
+
+// Whether changing mesh dim k from `before[k]` to `after[k]` is one operation of the groups
+// along k: a shard removed or added there must be the innermost sharding of its tensor dim,
+// otherwise the inner mesh dims' pieces change meaning and data must cross groups.
+constexpr bool transition_valid(int k, const Placements& before, const Placements& after) {
+  const Placement from = before[k], to = after[k];
+  if (from == to) return true;
+  if (from.is_shard() && !innermost_shard(before, k, from.dim())) return false;
+  if (to.is_shard() && !innermost_shard(after, k, to.dim())) return false;
+  return true;
+}
+
+// The mesh dims before k that shard tensor dim d, as a bit set: the pieces a shard on k cuts.
+constexpr unsigned outer_shards(const Placements& ps, int k, int d) noexcept {
+  unsigned bits = 0;
+  for (int j = 0; j < k; ++j)
+    if (ps[j].is_shard(d)) bits |= 1u << j;
+  return bits;
+}
+
+// Seed 004's order: shards removed from the innermost mesh dim outwards, then the rest in
+// mesh order, then shards added from the outermost inwards. S(i) -> S(j) on one mesh dim goes
+// through Replicate, and so does S(d) -> S(d) when the outer mesh dims sharding d differ
+// (seed 004 compares only how many there are, which misorders e.g. (P, S(1), S(1)) ->
+// (S(1), R, S(1)) on 2x2x2).
+constexpr Transitions greedy_transitions(const Placements& src, const Placements& dst) {
+  Transitions items;
+  for (int k = 0; k < static_cast<int>(src.size()); ++k) {
+    const Placement a = src[k], b = dst[k];
+    if (a.is_shard() && b.is_shard() &&
+        (a.dim() != b.dim() || outer_shards(src, k, a.dim()) != outer_shards(dst, k, b.dim()))) {
+      items.push_back({k, a, Placement::replicate()});
+      items.push_back({k, Placement::replicate(), b});
+    } else if (!(a == b)) {
+      items.push_back({k, a, b});
+    }
+  }
+  auto key = [](const Transition& t) {
+    if (t.from.is_shard() && !t.to.is_shard()) return -t.mesh_dim;
+    if (!t.from.is_shard() && t.to.is_shard()) return t.mesh_dim;
+    return 0;
+  };
+  // Stable insertion sort (at most 3 * 8 items).
+  for (std::size_t i = 1; i < items.size(); ++i) {
+    const Transition t = items[i];
+    std::size_t j = i;
+    for (; j > 0 && key(items[j - 1]) > key(t); --j) items[j] = items[j - 1];
+    items[j] = t;
+  }
+  return items;
+}
+
+// Whether every transition of the sequence is a valid group operation, starting from `src`.
+constexpr bool transitions_valid(const Placements& src, const Transitions& ts) {
+  Placements state = src;
+  for (const Transition& t : ts) {
+    Placements next = state;
+    next[t.mesh_dim] = t.to;
+    if (!(state[t.mesh_dim] == t.from) || !transition_valid(t.mesh_dim, state, next)) return false;
+    state = next;
+  }
+  return true;
+}
+
+// The greedy sequence with S(i) -> R ... R -> S(j) pairs on one mesh dim turned into one
+// all-to-all wherever the result stays valid.
+constexpr Transitions with_all_to_all(const Placements& src, Transitions ts) {
+  for (std::size_t a = 0; a < ts.size(); ++a) {
+    const Transition ta = ts[a];
+    if (!ta.from.is_shard() || !ta.to.is_replicate()) continue;
+    for (std::size_t b = a + 1; b < ts.size(); ++b) {
+      const Transition tb = ts[b];
+      if (tb.mesh_dim != ta.mesh_dim) continue;
+      if (!tb.from.is_replicate() || !tb.to.is_shard() || tb.to.dim() == ta.from.dim()) break;
+      const Transition merged{ta.mesh_dim, ta.from, tb.to};
+      for (int where = 0; where < 2; ++where) {
+        Transitions trial;
+        for (std::size_t i = 0; i < ts.size(); ++i) {
+          if (i == a) {
+            if (where == 0) trial.push_back(merged);
+          } else if (i == b) {
+            if (where == 1) trial.push_back(merged);
+          } else {
+            trial.push_back(ts[i]);
+          }
+        }
+        if (transitions_valid(src, trial)) {
+          ts = trial;
+          break;
+        }
+      }
+      break;
+    }
+  }
+  return ts;
+}
+
+// The step kind of a transition of one mesh dim (P(a) -> P(b) is split before this).
+constexpr StepKind step_kind(const Placement& from, const Placement& to) noexcept {
+  if (from == to) return StepKind::identity;
+  if (from.is_shard()) {
+    if (to.is_replicate()) return StepKind::all_gather;
+    if (to.is_shard()) return StepKind::all_to_all;
+    return StepKind::fill;
+  }
+  if (from.is_replicate()) return to.is_shard() ? StepKind::chunk : StepKind::scale;
+  if (to.is_shard()) return StepKind::reduce_scatter;
+  return StepKind::all_reduce;
+}
+
+// The sum of the sizes of the distinct boxes among those of the ranks that agree with `base`
+// on every dim where fixed[k], each intersected with `within` (boxes of one layout are equal
+// or disjoint, so this is the size of their union inside `within`).
+constexpr std::int64_t union_numel(const Layout& l, const Placements& ps, const MeshCoord& base,
+                                   const bool* fixed, const Box& within) {
+  // Ranks that differ only on non-shard dims hold the same box: visit one of each.
+  bool skip[max_mesh_dims] = {};
+  for (int k = 0; k < l.mesh().ndim(); ++k) skip[k] = fixed[k] || !ps[k].is_shard();
+  std::int64_t total = 0;
+  for_each_coord(l.mesh(), base, skip,
+                 [&](const MeshCoord& c) { total += overlap_numel(l.local_box(ps, c), within); });
+  return total;
+}
+
+// Elements the rank at `coord` must receive whatever the plan; lower_bound_bytes in bytes.
+//  - Without Partial: the elements of its target block its source block lacks.
+//  - A Partial target lets the ranks that differ only on those mesh dims (its target group)
+//    split the work: the group must receive every element of the target block that none of
+//    its members holds, and the busiest member at least its even share.
+//  - A Partial source that must be reduced (the target is not the same Partial there) leaves
+//    no element complete anywhere: every element of the target block needs at least one
+//    incoming value (shared by the target group as above); and every element needs the
+//    partial values of G-1 of the G ranks holding its parts (G: the product of the reduced
+//    mesh dims' extents) shipped at least once, so some rank of the N receives at least
+//    (G-1) * numel / N (for one mesh dim, the reduce-scatter bound (g-1)/g of the tensor).
+constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst,
+                                            const MeshCoord& coord) {
+  const DeviceMesh& mesh = src.mesh();
+  const int n = mesh.ndim();
+  bool target_fixed[max_mesh_dims] = {};
+  Placements have = src.placements(), want = dst.placements();
+  std::int64_t group = 1, reducers = 1;
+  bool reduces = false;
+  for (int k = 0; k < n; ++k) {
+    const Placement a = have[k], b = want[k];
+    target_fixed[k] = !b.is_partial();
+    if (b.is_partial()) group *= mesh.size(k);
+    if (a.is_partial() && !(a == b) && mesh.size(k) > 1) reduces = true, reducers *= mesh.size(k);
+    if (a.is_partial()) have[k] = Placement::replicate();
+    if (b.is_partial()) want[k] = Placement::replicate();
+  }
+  const Box target = src.local_box(want, coord);
+  const std::int64_t missing =
+      reduces ? target.numel()
+              : target.numel() - union_numel(src, have, coord, target_fixed, target);
+  std::int64_t bound = (missing + group - 1) / group;
+  if (reduces) {
+    const std::int64_t ranks = mesh.size();
+    const std::int64_t share = ((reducers - 1) * src.global_numel() + ranks - 1) / ranks;
+    bound = share > bound ? share : bound;
+  }
+  return bound;
+}
+
+// Whether every shard of `ps` over base's mesh cuts its tensor dim into equal pieces.
+constexpr bool is_even(const Layout& base, const Placements& ps) noexcept {
+  std::int64_t parts[max_tensor_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
+  for (int k = 0; k < base.mesh().ndim(); ++k)
+    if (ps[k].is_shard()) parts[ps[k].dim()] *= base.mesh().size(k);
+  for (int d = 0; d < base.tensor_ndim(); ++d)
+    if (base.global_shape()[d] % parts[d] != 0) return false;
+  return true;
+}
+
+struct plan_builder {
+  // The plan of the transitions `ts`, with costs.
+  static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& ts,
+                              const PlanOptions& options) {
+    return build(src, dst, ts, nullptr, {}, options);
+  }
+
+  // The plan of the transitions `prefix`, then one exchange to `exchange_to` (when given),
+  // then the transitions `suffix`, with costs.
+  static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& prefix,
+                              const Placements* exchange_to, const Transitions& suffix,
+                              const PlanOptions& options) {
+    Plan plan(src, dst);
+    plan.options_ = options;
+    Placements state = src.placements();
+    add_transitions(plan, state, prefix);
+    if (exchange_to != nullptr) {
+      Step s;
+      s.kind = StepKind::exchange;
+      s.before = state;
+      s.after = *exchange_to;
+      plan.steps_.push_back(s);
+      state = *exchange_to;
+    }
+    add_transitions(plan, state, suffix);
+    cost(plan);
+    return plan;
+  }
+
+  static constexpr void add_transitions(Plan& plan, Placements& state, const Transitions& ts) {
+    for (const Transition& t : ts) {
+      auto add = [&](StepKind kind, const Placement& to) {
+        Step s;
+        s.kind = kind;
+        s.mesh_dim = t.mesh_dim;
+        s.before = state;
+        state[t.mesh_dim] = to;
+        s.after = state;
+        if (plan.src_.mesh().size(t.mesh_dim) == 1) s.kind = StepKind::identity;
+        plan.steps_.push_back(s);
+      };
+      if (t.from.is_partial() && t.to.is_partial() && !(t.from == t.to)) {
+        add(StepKind::all_reduce, Placement::replicate());
+        add(StepKind::scale, t.to);
+      } else {
+        add(step_kind(t.from, t.to), t.to);
+      }
+    }
+  }
+
+  // Fills in each step's padding choice, bytes and time, and the plan's totals.
+  static constexpr void cost(Plan& plan) {
+    const PlanOptions& o = plan.options_;
+    const DeviceMesh& mesh = plan.src_.mesh();
+    const int n = mesh.size();
+    const std::size_t count = plan.steps_.size();
+    const Layout& base = plan.src_;
+    bool all_even = is_even(base, base.placements());
+    for (const Step& s : plan.steps_) all_even = all_even && is_even(base, s.after);
+    bool has_exchange = false;
+    for (std::size_t i = 0; i < count; ++i) {
+      Step& s = plan.steps_[i];
+      s.padded = false;
+      s.bytes_recv_max = s.bytes_send_max = 0;
+      s.est_us = 0;
+      has_exchange |= s.kind == StepKind::exchange;
+      if (!moves_data(s.kind) || all_even || s.kind == StepKind::exchange ||
+          s.kind == StepKind::all_reduce || o.padding == Padding::never)
+        continue;
+      if (o.padding == Padding::always) {
+        s.padded = true;
+      } else if (o.objective == Objective::time) {
+        double padded_us = 0, exact_us = 0;
+        for (int r = 0; r < n; ++r) {
+          const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
+          const double p =
+              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, o.cost_model).us;
+          const double e =
+              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
+                  .us;
+          padded_us = p > padded_us ? p : padded_us;
+          exact_us = e > exact_us ? e : exact_us;
+        }
+        s.padded = padded_us < exact_us;
+      }
+    }
+    // With every piece even, collectives cost every rank the same: rank 0 speaks for all.
+    // Otherwise a rank's costs depend only on its coordinates on mesh dims that shard at some
+    // point of the plan.
+    bool fixed[max_mesh_dims] = {};
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      fixed[k] = (all_even && !has_exchange) || !base.placement(k).is_shard();
+      for (const Step& s : plan.steps_) fixed[k] = fixed[k] && !s.after[k].is_shard();
+    }
+    plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
+    for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
+                   [&](const MeshCoord& c) {
+                     RankBytes total;
+                     for (std::size_t i = 0; i < count; ++i) {
+                       Step& s = plan.steps_[i];
+                       if (!moves_data(s.kind)) continue;
+                       const RankStepCost rc = rank_step_cost(
+                           base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, o.cost_model);
+                       total.send += rc.bytes.send;
+                       total.recv += rc.bytes.recv;
+                       s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
+                       s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
+                       s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+                     }
+                     plan.bytes_recv_max_ = max_of(plan.bytes_recv_max_, total.recv);
+                     plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
+                   });
+    plan.est_us_ = 0;
+    for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
+  }
+
+  static constexpr void set_lower_bound(Plan& plan, std::int64_t bytes) noexcept {
+    plan.lower_bound_ = bytes;
+  }
+};
+
+constexpr bool better(const Plan& a, const Plan& b, Objective objective);
+
+// Plans with one exchange: first each source Partial the target does not keep is reduced on
+// its own mesh dim (all-reduce to R, or reduce-scatter to some S(d)); then one exchange to an
+// intermediate without Partial; then the target's Partial dims are made locally (S or R to P),
+// innermost first, from the intermediate's placement there: the source's, or some S(d) so
+// that the group splits the work. Every combination is tried while there are at most 64;
+// beyond that only the natural one (the target's shard, else R; the source's placement).
+constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
+                             Plan& best) {
+  const Placements& a = src.placements();
+  const Placements& b = dst.placements();
+  int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {};
+  int num_reduced = 0, num_made = 0;
+  for (int k = 0; k < static_cast<int>(a.size()); ++k) {
+    if (a[k].is_partial() && b[k] == a[k]) return;  // Partial kept: an exchange cannot move it.
+    if (a[k].is_partial())
+      reduced[num_reduced++] = k;
+    else if (b[k].is_partial())
+      made[num_made++] = k;
+  }
+  const int choices = src.tensor_ndim() + 1;
+  int combos = 1;
+  for (int i = 0; i < num_reduced + num_made && combos <= 64; ++i) combos *= choices;
+  const bool all = combos <= 64;
+  if (!all) combos = 1;
+  for (int combo = 0; combo < combos; ++combo) {
+    int rest = combo;
+    auto pick = [&](const Placement& natural) {
+      if (!all) return natural;
+      const int choice = rest % choices;
+      rest /= choices;
+      return choice == 0 ? natural : Placement::shard(choice - 1);
+    };
+    Transitions prefix, suffix;
+    Placements mid = a;
+    for (int i = 0; i < num_reduced; ++i) {
+      const int k = reduced[i];
+      const Placement to = pick(b[k].is_shard() ? b[k] : Placement::replicate());
+      prefix.push_back({k, a[k], to});
+      mid[k] = to;
+    }
+    Placements end = mid;
+    for (int i = 0; i < num_made; ++i) {
+      const int k = made[i];
+      end[k] = pick(a[k]);
+    }
+    for (int k = 0; k < static_cast<int>(b.size()); ++k)
+      if (!b[k].is_partial()) end[k] = b[k];
+    for (int i = num_made; i-- > 0;) suffix.push_back({made[i], end[made[i]], b[made[i]]});
+    if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
+    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options);
+    if (better(p, best, options.objective)) best = p;
+  }
+}
+
+// Whether plan a is better than plan b under the objective.
+constexpr bool better(const Plan& a, const Plan& b, Objective objective) {
+  constexpr double eps = 1e-9;
+  if (objective == Objective::bytes && a.bytes_recv_max() != b.bytes_recv_max())
+    return a.bytes_recv_max() < b.bytes_recv_max();
+  if (a.est_us() < b.est_us() - eps) return true;
+  if (a.est_us() > b.est_us() + eps) return false;
+  if (a.communication_steps() != b.communication_steps())
+    return a.communication_steps() < b.communication_steps();
+  return a.bytes_recv_max() < b.bytes_recv_max();
+}
+
+constexpr void check_same_tensor(const Layout& src, const Layout& dst) {
+  if (!(src.mesh() == dst.mesh()))
+    fail<why::layout_mesh_mismatch>(src.mesh().shape(), dst.mesh().shape());
+  if (!(src.global_shape() == dst.global_shape()))
+    fail<why::layout_shape_mismatch>(src.global_shape(), dst.global_shape());
+  if (src.dtype() != dst.dtype())
+    fail<why::layout_dtype_mismatch>(name(src.dtype()), name(dst.dtype()));
+  if (src.policy() != dst.policy()) fail<why::layout_policy_mismatch>();
+}
+
+}  // namespace detail
+
+// The bytes the busiest rank must receive to turn `src` into `dst`, whatever the plan (the
+// rules are at detail::lower_bound_elements).
+constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layout& dst) {
+  detail::check_same_tensor(src, dst);
+  const DeviceMesh& mesh = src.mesh();
+  // Coordinates on mesh dims that shard on neither side change nothing.
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k)
+    fixed[k] = !src.placement(k).is_shard() && !dst.placement(k).is_shard();
+  std::int64_t most = 0;
+  detail::for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
+                         [&](const MeshCoord& c) {
+                           const std::int64_t e = detail::lower_bound_elements(src, dst, c);
+                           most = e > most ? e : most;
+                         });
+  return most * src.elem_bytes();
+}
+
+// The cheapest plan (by options.objective) that turns layout `src` into layout `dst` of the
+// same tensor on the same mesh. Candidates: seed 004's sorted and decomposed per-mesh-dim
+// collectives; the same with all-to-all for changes of shard dim; and, when neither side is
+// Partial on a dim that must be reduced, one direct exchange of exactly the missing blocks.
+constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptions options = {}) {
+  detail::check_same_tensor(src, dst);
+  if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
+  const Placements& a = src.placements();
+  const Placements& b = dst.placements();
+  const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
+  const detail::Transitions greedy = detail::greedy_transitions(a, b);
+  Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  if (options.allow_all_to_all) {
+    const detail::Transitions a2a = detail::with_all_to_all(a, greedy);
+    if (a2a.size() != greedy.size()) {
+      const Plan p = detail::plan_builder::build(src, dst, a2a, options);
+      if (detail::better(p, best, options.objective)) best = p;
+    }
+  }
+  // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
+  // worth trying when the collectives move more.
+  if (options.allow_exchange && !(a == b) && best.bytes_recv_max() > bound)
+    detail::try_exchanges(src, dst, options, best);
+  detail::plan_builder::set_lower_bound(best, bound);
+  return best;
+}
+
+// The bytes global rank `rank` sends and receives in step `i` of the plan.
+constexpr RankBytes step_rank_bytes(const Plan& plan, std::size_t i, int rank) {
+  const Step& s = plan[i];
+  const MeshCoord c = plan.src().mesh().coordinate(rank);
+  return detail::rank_step_cost(plan.src(), s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
+                                plan.cost_model())
+      .bytes;
+}
+
+// The bytes global rank `rank` sends and receives over the whole plan.
+constexpr RankBytes rank_bytes(const Plan& plan, int rank) {
+  RankBytes total;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const RankBytes b = step_rank_bytes(plan, i, rank);
+    total.send += b.send;
+    total.recv += b.recv;
+  }
+  return total;
+}
+
+// The placements a gradient flows back to (seed 004's Redistribute.backward): the forward
+// source's, except that a Partial there becomes Replicate unless the gradient is Partial too.
+constexpr Placements gradient_target(const Placements& forward_src, const Placements& grad) {
+  Placements out = forward_src;
+  for (std::size_t k = 0; k < out.size(); ++k)
+    if (forward_src[k].is_partial() && !grad.at(k).is_partial()) out[k] = Placement::replicate();
+  return out;
+}
+
+// The gradient plan of the redistribution src -> dst (PyTorch's semantics): the gradient, laid
+// out with `grad_placements` (by default the forward target's), back to the forward source's
+// placements (see gradient_target).
+constexpr Plan plan_backward(const Layout& src, const Layout& dst,
+                             const Placements& grad_placements, PlanOptions options = {}) {
+  detail::check_same_tensor(src, dst);
+  if (grad_placements.size() != dst.placements().size())
+    detail::fail<detail::why::placement_count_mismatch>(grad_placements.size(), dst.mesh().ndim());
+  return plan_redistribute(dst.with_placements(grad_placements),
+                           src.with_placements(gradient_target(src.placements(), grad_placements)),
+                           options);
+}
+constexpr Plan plan_backward(const Layout& src, const Layout& dst, PlanOptions options = {}) {
+  return plan_backward(src, dst, dst.placements(), options);
+}
+
+// The dual of a placement under the local-buffer inner product: Replicate and Partial(sum)
+// swap, Shard stays. Other Partial ops are not linear maps with a transpose of this form.
+constexpr Placement dual(const Placement& p) {
+  if (p.is_replicate()) return Placement::partial(ReduceOp::sum);
+  if (p.is_partial(ReduceOp::sum)) return Placement::replicate();
+  if (p.is_partial()) detail::fail<detail::why::adjoint_nonlinear>(name(p.reduce_op()));
+  return p;
+}
+constexpr Placements dual(const Placements& ps) {
+  Placements out;
+  for (const Placement& p : ps) out.push_back(dual(p));
+  return out;
+}
+
+// The adjoint (transpose) of plan_redistribute(src, dst) as a map of local buffers:
+// plan_redistribute(dual(dst), dual(src)). All-gather and reduce-scatter swap, all-reduce
+// stays, chunk and fill swap, all-to-all(i -> j) becomes all-to-all(j -> i).
+constexpr Plan plan_adjoint(const Layout& src, const Layout& dst, PlanOptions options = {}) {
+  detail::check_same_tensor(src, dst);
+  return plan_redistribute(dst.with_placements(dual(dst.placements())),
+                           src.with_placements(dual(src.placements())), options);
+}
+// The adjoint of a plan: the plan between the duals of its layouts, reversed.
+constexpr Plan adjoint(const Plan& plan) {
+  return plan_adjoint(plan.src(), plan.dst(), plan.options());
+}
+
+}  // namespace dtensor

@@ -1,0 +1,331 @@
+#include <catch2/catch.hpp>
+
+#include <dtensor/dtensor.hpp>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <vector>
+
+using namespace dtensor;
+
+namespace {
+
+Layout layout(const DeviceMesh& mesh, const char* placements, const Shape& shape,
+              DType dtype = DType::f32) {
+  return Layout(mesh, parse_placements(placements), shape, dtype);
+}
+
+std::vector<StepKind> kinds(const Plan& p) {
+  std::vector<StepKind> out;
+  for (const Step& s : p) out.push_back(s.kind);
+  return out;
+}
+
+using K = StepKind;
+const PlanOptions collectives_only{.allow_exchange = false};
+
+}  // namespace
+
+TEST_CASE("one mesh dim: each transition is one collective or local step", "[planner]") {
+  const DeviceMesh m({4});
+  const Shape shape{64, 32};
+  const std::int64_t bytes = 64 * 32 * 4;  // f32
+  auto plan = [&](const char* a, const char* b) {
+    return plan_redistribute(layout(m, a, shape), layout(m, b, shape));
+  };
+  // Ring convention: all-gather receives (g-1)/g of the gathered block.
+  Plan p = plan("S(0)", "R");
+  CHECK(kinds(p) == std::vector{K::all_gather});
+  CHECK(p.bytes_recv_max() == bytes * 3 / 4);
+  CHECK(p.lower_bound_bytes_recv_max() == bytes * 3 / 4);
+
+  p = plan("R", "S(1)");
+  CHECK(kinds(p) == std::vector{K::chunk});
+  CHECK(p.bytes_recv_max() == 0);
+
+  // All-reduce: 2(g-1)/g of the block.
+  p = plan("P", "R");
+  CHECK(kinds(p) == std::vector{K::all_reduce});
+  CHECK(p.bytes_recv_max() == 2 * bytes * 3 / 4);
+
+  // Reduce-scatter: (g-1) times its own output block.
+  p = plan("P", "S(0)");
+  CHECK(kinds(p) == std::vector{K::reduce_scatter});
+  CHECK(p.bytes_recv_max() == 3 * bytes / 4);
+  CHECK(p.lower_bound_bytes_recv_max() == 3 * bytes / 4);
+
+  // All-to-all: (g-1)/g of the exchanged block.
+  p = plan("S(0)", "S(1)");
+  CHECK(kinds(p) == std::vector{K::all_to_all});
+  CHECK(p[0].mesh_dim == 0);
+  CHECK(p.bytes_recv_max() == (bytes / 4) * 3 / 4);
+
+  CHECK(kinds(plan("R", "P")) == std::vector{K::scale});
+  CHECK(kinds(plan("R", "P(max)")) == std::vector{K::scale});
+  CHECK(kinds(plan("S(1)", "P")) == std::vector{K::fill});
+  CHECK(plan("S(1)", "P").bytes_recv_max() == 0);
+  CHECK(kinds(plan("P(sum)", "P(max)")) == std::vector{K::all_reduce, K::scale});
+  CHECK(plan("S(0)", "S(0)").empty());
+  CHECK(plan("P(max)", "P(max)").empty());
+}
+
+TEST_CASE("a mesh dim of extent 1 moves nothing", "[planner]") {
+  const DeviceMesh m({1, 4});
+  const Plan p = plan_redistribute(layout(m, "S(0),R", {8, 8}), layout(m, "R,R", {8, 8}));
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].kind == K::identity);
+  CHECK(p.bytes_recv_max() == 0);
+}
+
+TEST_CASE("seed 004's nested cases, sorted and decomposed", "[planner]") {
+  const DeviceMesh m({2, 4});
+  const Shape shape{16, 8};
+  // (S(0), S(0)) -> (R, S(0)): mesh dim 1's S(0) is a sub-shard before and a shard after, so
+  // it goes through R: replicate inner to outer, shard outer to inner.
+  Plan p = plan_redistribute(layout(m, "S(0),S(0)", shape), layout(m, "R,S(0)", shape),
+                             collectives_only);
+  CHECK(kinds(p) == std::vector{K::all_gather, K::all_gather, K::chunk});
+  CHECK(p[0].mesh_dim == 1);
+  CHECK(p[1].mesh_dim == 0);
+  CHECK(p[2].mesh_dim == 1);
+  // The direct exchange reaches the bound the collectives miss by far.
+  const Plan best = plan_redistribute(layout(m, "S(0),S(0)", shape), layout(m, "R,S(0)", shape));
+  CHECK(kinds(best) == std::vector{K::exchange});
+  CHECK(best.bytes_recv_max() == best.lower_bound_bytes_recv_max());
+  CHECK(best.bytes_recv_max() < p.bytes_recv_max());
+
+  // (R, S(0)) -> (S(0), S(0)): the inner shard changes its parent, so it is re-cut.
+  p = plan_redistribute(layout(m, "R,S(0)", shape), layout(m, "S(0),S(0)", shape),
+                        collectives_only);
+  CHECK(kinds(p) == std::vector{K::all_gather, K::chunk, K::chunk});
+
+  // (S(0), S(1)) -> (S(1), S(0)): two changes of shard dim; the outer one is an all-to-all.
+  p = plan_redistribute(layout(m, "S(0),S(1)", shape), layout(m, "S(1),S(0)", shape),
+                        collectives_only);
+  CHECK(std::count(p.begin(), p.end(), p[0]) >= 1);
+  bool has_a2a = false;
+  for (const Step& s : p) has_a2a |= s.kind == K::all_to_all;
+  CHECK(has_a2a);
+
+  // Partial and Shard together: reduce-scatter where the target shards, all-reduce elsewhere.
+  p = plan_redistribute(layout(m, "P,P", shape), layout(m, "S(0),R", shape));
+  CHECK(kinds(p) == std::vector{K::reduce_scatter, K::all_reduce});
+}
+
+TEST_CASE("seed 004 misorders nested shards whose parent changes; we do not", "[planner]") {
+  const DeviceMesh m({2, 2, 2});
+  const Shape shape{16, 8};
+  // Seed 004 compares only how many mesh dims shard a tensor dim and leaves mesh dim 2's S(1)
+  // alone, though its parent moves from mesh dim 1 to mesh dim 0.
+  const Plan p = plan_redistribute(layout(m, "P,S(1),S(1)", shape), layout(m, "S(1),R,S(1)", shape),
+                                   collectives_only);
+  Placements state = p.src().placements();
+  for (const Step& s : p) {
+    CHECK(s.before == state);
+    CHECK(detail::transition_valid(s.mesh_dim, s.before, s.after));
+    state = s.after;
+  }
+  CHECK(state == p.dst().placements());
+}
+
+TEST_CASE("(S(0), R) -> (R, S(0)) on 2x4: the exchange moves half the greedy bytes", "[planner]") {
+  const DeviceMesh m({2, 4});
+  const Layout a = layout(m, "S(0),R", {1024, 4096}, DType::bf16);
+  const Layout b = layout(m, "R,S(0)", {1024, 4096}, DType::bf16);
+  const Plan greedy = plan_redistribute(a, b, collectives_only);
+  const Plan best = plan_redistribute(a, b);
+  CHECK(kinds(greedy) == std::vector{K::all_gather, K::chunk});
+  CHECK(kinds(best) == std::vector{K::exchange});
+  CHECK(greedy.bytes_recv_max() == 2 * best.bytes_recv_max());
+  CHECK(best.bytes_recv_max() == best.lower_bound_bytes_recv_max());
+  CHECK(best.bytes_recv_max() == 1024 * 4096 * 2 / 4);
+  // Ranks whose source half holds their target quarter receive nothing.
+  CHECK(rank_bytes(best, 0).recv == 0);
+  CHECK(rank_bytes(best, 2).recv == 1024 * 4096 * 2 / 4);
+  CHECK(best.est_us() < greedy.est_us());
+}
+
+TEST_CASE("uneven pieces: padded or exact, counted honestly", "[planner]") {
+  const DeviceMesh m({4});
+  const Layout a = layout(m, "S(0)", {5, 2});  // rows 2, 2, 1, 0
+  const Layout b = layout(m, "R", {5, 2});
+  const std::int64_t row = 2 * 4;
+  const Plan padded = plan_redistribute(a, b, {.padding = Padding::always});
+  const Plan exact = plan_redistribute(a, b, {.padding = Padding::never});
+  REQUIRE(padded.size() == 1);
+  CHECK(padded[0].padded);
+  CHECK_FALSE(exact[0].padded);
+  CHECK(padded.bytes_recv_max() == 3 * 2 * row);  // 3 peers, padded to 2 rows
+  CHECK(exact.bytes_recv_max() == 5 * row);       // the rank with no rows gets all 5
+  CHECK(exact.bytes_recv_max() == exact.lower_bound_bytes_recv_max());
+  const Plan by_bytes = plan_redistribute(a, b, {.objective = Objective::bytes});
+  CHECK(by_bytes.bytes_recv_max() == by_bytes.lower_bound_bytes_recv_max());
+  CHECK_FALSE(by_bytes[0].padded);
+}
+
+TEST_CASE("the cost model decides and can be overridden", "[planner]") {
+  const DeviceMesh m({2, 4});
+  const CostModel defaults = CostModel::defaults(m);
+  CHECK(defaults.dims[1] == nvlink_like);
+  CHECK(defaults.dims[0] == nvlink_like);  // 8 ranks fit one node
+  CHECK(CostModel::defaults(m, 4).dims[0] == network_like);
+  // With a very high point-to-point latency the exchange loses to the collectives.
+  CostModel slow_p2p = defaults;
+  slow_p2p.p2p_latency_factor = 1e6;
+  const Layout a = layout(m, "S(0),R", {64, 64}), b = layout(m, "R,S(0)", {64, 64});
+  CHECK(kinds(plan_redistribute(a, b, PlanOptions{}.with_cost_model(slow_p2p))) ==
+        std::vector{K::all_gather, K::chunk});
+  // Under the bytes objective the exchange wins whatever the latency.
+  PlanOptions bytes_first = PlanOptions{.objective = Objective::bytes}.with_cost_model(slow_p2p);
+  CHECK(kinds(plan_redistribute(a, b, bytes_first)) == std::vector{K::exchange});
+}
+
+TEST_CASE("a plan costs the sum of its steps", "[planner]") {
+  const DeviceMesh m({2, 2, 2});
+  const Plan p = plan_redistribute(layout(m, "P,S(0),S(1)", {8, 8}),
+                                   layout(m, "R,S(1),S(0)", {8, 8}), collectives_only);
+  double sum = 0;
+  for (const Step& s : p) sum += s.est_us;
+  CHECK(p.est_us() == Approx(sum));
+  std::int64_t recv_max = 0;
+  for (int r = 0; r < m.size(); ++r) recv_max = std::max(recv_max, rank_bytes(p, r).recv);
+  CHECK(p.bytes_recv_max() == recv_max);
+}
+
+TEST_CASE("gradient plans follow PyTorch's Redistribute.backward", "[planner][backward]") {
+  CHECK(gradient_target(parse_placements("P,S(0)"), parse_placements("R,S(0)")) ==
+        parse_placements("R,S(0)"));
+  CHECK(gradient_target(parse_placements("P,R"), parse_placements("P,R")) ==
+        parse_placements("P,R"));
+  const DeviceMesh m({4});
+  const Shape shape{8, 8};
+  auto grad_kinds = [&](const char* src, const char* dst, const char* grad) {
+    return kinds(
+        plan_backward(layout(m, src, shape), layout(m, dst, shape), parse_placements(grad)));
+  };
+  // Seed 000's mappings as gradient plans (their backward receives Replicate gradients):
+  // copy to the TP region: forward identity, backward all-reduce of the Partial gradient.
+  CHECK(grad_kinds("R", "R", "P") == std::vector{K::all_reduce});
+  // reduce from the TP region: forward all-reduce, backward identity.
+  CHECK(grad_kinds("P", "R", "R").empty());
+  // scatter (split): forward chunk, backward all-gather.
+  CHECK(grad_kinds("R", "S(-1)", "S(-1)") == std::vector{K::all_gather});
+  // gather: forward all-gather, backward chunk (split).
+  CHECK(grad_kinds("S(-1)", "R", "R") == std::vector{K::chunk});
+  // reduce-scatter to the sequence-parallel region: backward all-gather.
+  CHECK(grad_kinds("P", "S(0)", "S(0)") == std::vector{K::all_gather});
+  // all-gather from the sequence-parallel region with a Partial gradient: reduce-scatter.
+  CHECK(grad_kinds("S(0)", "R", "P") == std::vector{K::reduce_scatter});
+  // Default gradient placements are the forward target's.
+  CHECK(kinds(plan_backward(layout(m, "S(0)", shape), layout(m, "R", shape))) ==
+        std::vector{K::chunk});
+}
+
+TEST_CASE("adjoint plans swap the collectives of the forward plan", "[planner][adjoint]") {
+  const DeviceMesh m({4});
+  const Shape shape{8, 8};
+  auto adj = [&](const char* src, const char* dst) {
+    return kinds(plan_adjoint(layout(m, src, shape), layout(m, dst, shape)));
+  };
+  CHECK(adj("S(0)", "R") == std::vector{K::reduce_scatter});  // all-gather ↔ reduce-scatter
+  CHECK(adj("P", "S(0)") == std::vector{K::all_gather});
+  CHECK(adj("P", "R") == std::vector{K::all_reduce});  // all-reduce ↔ all-reduce
+  CHECK(adj("R", "S(1)") == std::vector{K::fill});     // chunk ↔ fill
+  CHECK(adj("S(1)", "P") == std::vector{K::chunk});
+  CHECK(adj("R", "P") == std::vector{K::scale});  // scale is its own transpose
+  const Plan a2a = plan_adjoint(layout(m, "S(0)", shape), layout(m, "S(1)", shape));
+  REQUIRE(a2a.size() == 1);
+  CHECK(a2a[0].kind == K::all_to_all);  // all-to-all(0 -> 1) ↔ all-to-all(1 -> 0)
+  CHECK(a2a[0].before == parse_placements("S(1)"));
+  CHECK(a2a[0].after == parse_placements("S(0)"));
+  // Seed 000's sequence-parallel pair is an adjoint pair: all-gather and reduce-scatter.
+  const Plan fwd = plan_redistribute(layout(m, "S(0)", shape), layout(m, "R", shape));
+  CHECK(kinds(adjoint(fwd)) == std::vector{K::reduce_scatter});
+  // Adjoint of the adjoint is the forward plan.
+  CHECK(kinds(adjoint(adjoint(fwd))) == kinds(fwd));
+  // An exchange's adjoint is the reversed exchange.
+  const DeviceMesh m2({2, 4});
+  const Plan ex = plan_adjoint(layout(m2, "S(0),R", {16, 16}), layout(m2, "R,S(0)", {16, 16}));
+  // dual(R) is P(sum): the transpose of that exchange sums copies back: fill, reduce-scatter.
+  CHECK(kinds(ex) == std::vector{K::fill, K::reduce_scatter});
+  // Between all-shard layouts (their own duals) the adjoint is the reversed exchange.
+  const Plan swap =
+      plan_redistribute(layout(m2, "S(0),S(1)", {16, 16}), layout(m2, "S(1),S(0)", {16, 16}));
+  const Plan back = adjoint(swap);
+  REQUIRE(kinds(swap) == std::vector{K::exchange});
+  CHECK(kinds(back) == std::vector{K::exchange});
+  CHECK(back[0].before == swap[0].after);
+  CHECK(back[0].after == swap[0].before);
+  CHECK_THROWS_WITH(plan_adjoint(layout(m, "P(max)", shape), layout(m, "R", shape)),
+                    "the adjoint needs R, S(d) or P(sum) placements: P(max) has no dual");
+}
+
+TEST_CASE("mismatched layouts are refused", "[planner][errors]") {
+  const Layout a = layout(DeviceMesh({2, 4}), "S(0),R", {8, 8});
+  CHECK_THROWS_WITH(
+      plan_redistribute(a, layout(DeviceMesh({4, 2}), "S(0),R", {8, 8})),
+      "the two layouts live on different meshes: 2x4 and 4x2 (or other names or ranks)");
+  CHECK_THROWS_WITH(plan_redistribute(a, layout(DeviceMesh({2, 4}), "S(0),R", {8, 4})),
+                    "the two layouts describe different tensors: shapes 8x8 and 8x4");
+  CHECK_THROWS_WITH(plan_redistribute(a, layout(DeviceMesh({2, 4}), "S(0),R", {8, 8}, DType::bf16)),
+                    "the two layouts have different dtypes: f32 and bf16");
+  CHECK_THROWS_WITH(plan_backward(a, a, parse_placements("R")),
+                    "1 placements for a mesh of 2 dims: one per mesh dim");
+}
+
+TEST_CASE("every pair on small meshes: valid chains, never below the bound",
+          "[planner][exhaustive]") {
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial()};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  const Shape shapes[] = {{16, 8}, {5, 7}};
+  int pairs = 0, at_bound = 0, exact_when_promised = 0, promised = 0;
+  double worst = 1;
+  std::string worst_case;
+  for (Objective objective : {Objective::time, Objective::bytes}) {
+    for (const DeviceMesh& m : meshes) {
+      int combos = 1;
+      for (int k = 0; k < m.ndim(); ++k) combos *= 4;
+      for (int x = 0; x < combos; ++x) {
+        for (int y = 0; y < combos; ++y) {
+          Placements a, b;
+          for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 4, ry /= 4) {
+            a.push_back(options[rx % 4]);
+            b.push_back(options[ry % 4]);
+          }
+          for (const Shape& shape : shapes) {
+            const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape),
+                                             {.objective = objective});
+            ++pairs;
+            Placements state = a;
+            for (const Step& s : p) {
+              REQUIRE(s.before == state);
+              if (s.kind != K::exchange)
+                REQUIRE(detail::transition_valid(s.mesh_dim, s.before, s.after));
+              state = s.after;
+            }
+            REQUIRE(state == b);
+            REQUIRE(p.bytes_recv_max() >= p.lower_bound_bytes_recv_max());
+            const std::int64_t bound = p.lower_bound_bytes_recv_max();
+            if (p.bytes_recv_max() == bound) ++at_bound;
+            if (bound > 0 && double(p.bytes_recv_max()) / bound > worst) {
+              worst = double(p.bytes_recv_max()) / bound;
+              worst_case = fmt::format("{} {} {} -> {}", m, shape, a, b);
+            }
+            // The promise of Objective::bytes: no Partial on either side moves the bound.
+            if (objective == Objective::bytes && !has_partial(a) && !has_partial(b)) {
+              ++promised;
+              if (p.bytes_recv_max() == bound) ++exact_when_promised;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(exact_when_promised == promised);
+  fmt::print(
+      "planner exhaustive: {} plans, {} at the lower bound ({:.1f}%), worst ratio {:.2f} ({}); "
+      "bytes objective without Partial: {}/{} at the bound\n",
+      pairs, at_bound, 100.0 * at_bound / pairs, worst, worst_case, exact_when_promised, promised);
+}
