@@ -176,72 +176,59 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   }
   if (!moves_data(kind) || base.mesh().size(k) == 1) return out;
 
-  const DeviceMesh& mesh = base.mesh();
-  const int g = mesh.size(k);
-  const int me = coord[k];
-  MeshCoord peer = coord;
-  auto numel_at = [&](const Placements& ps, int j) {
-    peer[k] = j;
-    return base.local_box(ps, peer).numel();
+  // Closed forms from this rank's blocks before and after: the step is valid, so mesh dim k
+  // is the innermost to cut the tensor dims it changes, and the block after (or before, for
+  // a reduce-scatter) spans the whole group's range of them.
+  const int g = base.mesh().size(k);
+  const Box mine_before = base.local_box(before, coord);
+  const Box mine_after = base.local_box(after, coord);
+  const std::int64_t own_before = mine_before.numel(), own_after = mine_after.numel();
+  // The group's largest piece along tensor dim d of a range of n elements, and whether the
+  // pieces differ.
+  auto largest = [&](std::int64_t n) { return chunk_range(n, g, 0, base.policy()).size; };
+  auto rest_without = [](const Box& box, int d1, int d2) {
+    std::int64_t r = 1;
+    for (int d = 0; d < static_cast<int>(box.shape.size()); ++d)
+      if (d != d1 && d != d2) r *= box.shape[d];
+    return r;
   };
-  std::int64_t recv = 0, send = 0, largest = 0;
+  std::int64_t recv = 0, send = 0;
   double messages = g - 1;
   bool uneven = false;
   switch (kind) {
     case StepKind::all_gather: {
-      std::int64_t total = 0;
-      const std::int64_t own = numel_at(before, me);
-      for (int j = 0; j < g; ++j) {
-        const std::int64_t n = numel_at(before, j);
-        total += n;
-        largest = max_of(largest, n);
-        uneven |= n != own;
-      }
-      recv = padded ? (g - 1) * largest : total - own;
-      send = padded ? (g - 1) * largest : (g - 1) * own;
+      const int i = before[k].dim();
+      const std::int64_t n = mine_after.shape[i];
+      uneven = n % g != 0;
+      const std::int64_t padded_piece = largest(n) * rest_without(mine_after, i, i);
+      recv = padded ? (g - 1) * padded_piece : own_after - own_before;
+      send = padded ? (g - 1) * padded_piece : (g - 1) * own_before;
       break;
     }
     case StepKind::reduce_scatter: {
-      std::int64_t total = 0;
-      const std::int64_t own = numel_at(after, me);
-      for (int j = 0; j < g; ++j) {
-        const std::int64_t n = numel_at(after, j);
-        total += n;
-        largest = max_of(largest, n);
-        uneven |= n != own;
-      }
-      recv = padded ? (g - 1) * largest : (g - 1) * own;
-      send = padded ? (g - 1) * largest : total - own;
+      const int j = after[k].dim();
+      const std::int64_t n = mine_before.shape[j];
+      uneven = n % g != 0;
+      const std::int64_t padded_piece = largest(n) * rest_without(mine_before, j, j);
+      recv = padded ? (g - 1) * padded_piece : (g - 1) * own_after;
+      send = padded ? (g - 1) * padded_piece : own_before - own_after;
       break;
     }
     case StepKind::all_reduce: {
       // A reduce-scatter of the block in g balanced pieces, then an all-gather of them.
-      const std::int64_t block = base.local_box(before, coord).numel();
-      const std::int64_t piece = chunk_range(block, g, me, ChunkPolicy::balanced).size;
-      recv = send = (g - 1) * piece + (block - piece);
+      const std::int64_t piece = chunk_range(own_before, g, coord[k], ChunkPolicy::balanced).size;
+      recv = send = (g - 1) * piece + (own_before - piece);
       messages = 2.0 * (g - 1);
       break;
     }
     case StepKind::all_to_all: {
-      std::int64_t piece_max = 0;
-      MeshCoord a = coord, b = coord;
-      const Box mine_before = base.local_box(before, coord);
-      const Box mine_after = base.local_box(after, coord);
-      for (int p = 0; p < g; ++p) {
-        a[k] = p;
-        const Box bp = base.local_box(before, a);
-        const Box ap = base.local_box(after, a);
-        if (p != me) {
-          recv += overlap_numel(bp, mine_after);
-          send += overlap_numel(mine_before, ap);
-        }
-        for (int q = 0; padded && q < g; ++q) {
-          b[k] = q;
-          piece_max = max_of(piece_max, overlap_numel(bp, base.local_box(after, b)));
-        }
-        uneven |= !(bp.shape == mine_before.shape) || !(ap.shape == mine_after.shape);
-      }
-      if (padded) recv = send = (g - 1) * piece_max;
+      const int i = before[k].dim(), j = after[k].dim();
+      const std::int64_t ni = mine_after.shape[i], nj = mine_before.shape[j];
+      uneven = ni % g != 0 || nj % g != 0;
+      const std::int64_t kept = overlap_numel(mine_before, mine_after);
+      const std::int64_t padded_piece = largest(ni) * largest(nj) * rest_without(mine_before, i, j);
+      recv = padded ? (g - 1) * padded_piece : own_after - kept;
+      send = padded ? (g - 1) * padded_piece : own_before - kept;
       break;
     }
     default: break;
