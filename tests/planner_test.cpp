@@ -398,3 +398,66 @@ TEST_CASE("every pair on small meshes: valid chains, never below the bound",
       "bytes objective without Partial: {}/{} at the bound\n",
       pairs, at_bound, 100.0 * at_bound / pairs, worst, worst_case, exact_when_promised, promised);
 }
+
+TEST_CASE("seed 002: sequence-parallel all-to-all and split/gather with grad_scale",
+          "[planner][backward][adjoint]") {
+  const DeviceMesh m({4}, {"cp"});
+  // Activations [seq, heads, dim]: S(seq) -> S(heads) before attention, back after.
+  const Layout by_seq = layout(m, "S(0)", {64, 8, 16}, DType::bf16);
+  const Layout by_heads = layout(m, "S(1)", {64, 8, 16}, DType::bf16);
+  const Plan forward = plan_redistribute(by_seq, by_heads);
+  REQUIRE(kinds(forward) == std::vector{K::all_to_all});
+  // Its gradient plan and its adjoint are the same all-to-all back: S(heads) -> S(seq).
+  const Plan grad = plan_backward(by_seq, by_heads);
+  const Plan adj = adjoint(forward);
+  for (const Plan* p : {&grad, &adj}) {
+    REQUIRE(kinds(*p) == std::vector{K::all_to_all});
+    CHECK((*p)[0].before == parse_placements("S(1)"));
+    CHECK((*p)[0].after == parse_placements("S(0)"));
+    CHECK(p->bytes_recv_max() == forward.bytes_recv_max());
+  }
+  // Gather forward (S(seq) -> R). Its backward is a gradient plan whose source placement says
+  // how the replicas' gradients combine:
+  const Layout replicated = layout(m, "R", {64, 8, 16}, DType::bf16);
+  auto backward_of_gather = [&](const char* grad) {
+    return plan_backward(by_seq, replicated, parse_placements(grad));
+  };
+  // grad_scale none: every rank holds the whole gradient; keep your piece (split).
+  CHECK(kinds(backward_of_gather("R")) == std::vector{K::chunk});
+  // grad_scale "up": the ranks' gradients add (Partial(sum)): reduce-scatter with sum, so a
+  // gradient every rank holds comes back g times larger.
+  const Plan up = backward_of_gather("P(sum)");
+  REQUIRE(kinds(up) == std::vector{K::reduce_scatter});
+  CHECK(up[0].from().is_partial(ReduceOp::sum));
+  // grad_scale "down": the ranks' gradients average (Partial(avg)): reduce-scatter with avg,
+  // 1/g of the sum.
+  const Plan down = backward_of_gather("P(avg)");
+  REQUIRE(kinds(down) == std::vector{K::reduce_scatter});
+  CHECK(down[0].from().is_partial(ReduceOp::avg));
+  CHECK(up.bytes_recv_max() == down.bytes_recv_max());
+  // Split forward (R -> S(seq)): backward all-gathers the gradient pieces, and the adjoint of
+  // split is the local fill (the transpose of keeping a piece is zero-padding it).
+  CHECK(kinds(plan_backward(replicated, by_seq)) == std::vector{K::all_gather});
+  CHECK(kinds(plan_adjoint(replicated, by_seq)) == std::vector{K::fill});
+}
+
+TEST_CASE("plans on meshes of 1 to 8 dims", "[planner]") {
+  for (int n = 1; n <= max_mesh_dims; ++n) {
+    MeshShape extents(static_cast<std::size_t>(n), 2);
+    const DeviceMesh m(extents);
+    Placements from, to;
+    for (int k = 0; k < n; ++k) {
+      from.push_back(k % 2 == 0 ? Placement(Shard(k % 3)) : Placement(Partial()));
+      to.push_back(k % 3 == 0 ? Placement(Replicate()) : Placement(Shard((k + 1) % 3)));
+    }
+    const Layout a(m, from, {64, 32, 16}), b(m, to, {64, 32, 16});
+    const Plan p = plan_redistribute(a, b);
+    Placements state = from;
+    for (const Step& s : p) {
+      REQUIRE(s.before == state);
+      state = s.after;
+    }
+    CHECK(state == to);
+    CHECK(p.bytes_recv_max() >= p.lower_bound_bytes_recv_max());
+  }
+}

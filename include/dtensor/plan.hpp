@@ -178,6 +178,7 @@ class Plan {
   std::int64_t bytes_send_max_ = 0;
   std::int64_t lower_bound_ = 0;
   double est_us_ = 0;
+  bool pruned_ = false;  // a candidate the planner stopped costing; never returned
 };
 
 }  // namespace dtensor

@@ -210,15 +210,16 @@ constexpr bool is_even(const Layout& base, const Placements& ps) noexcept {
 struct plan_builder {
   // The plan of the transitions `ts`, with costs.
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& ts,
-                              const PlanOptions& options) {
-    return build(src, dst, ts, nullptr, {}, options);
+                              const PlanOptions& options, const Plan* incumbent = nullptr) {
+    return build(src, dst, ts, nullptr, {}, options, incumbent);
   }
 
   // The plan of the transitions `prefix`, then one exchange to `exchange_to` (when given),
   // then the transitions `suffix`, with costs.
+  // With an incumbent, costing stops as soon as the plan cannot beat it (then it is pruned).
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& prefix,
                               const Placements* exchange_to, const Transitions& suffix,
-                              const PlanOptions& options) {
+                              const PlanOptions& options, const Plan* incumbent = nullptr) {
     Plan plan(src, dst);
     plan.options_ = options;
     Placements state = src.placements();
@@ -232,7 +233,7 @@ struct plan_builder {
       state = *exchange_to;
     }
     add_transitions(plan, state, suffix);
-    cost(plan);
+    cost(plan, incumbent);
     return plan;
   }
 
@@ -257,22 +258,23 @@ struct plan_builder {
     }
   }
 
-  // Fills in each step's padding choice, bytes and time, and the plan's totals.
-  static constexpr void cost(Plan& plan) {
+  // Fills in each step's padding choice, bytes and time, and the plan's totals. With an
+  // incumbent, stops early (marking the plan pruned) as soon as the maxima over the ranks
+  // seen so far make it worse than the incumbent under the objective.
+  static constexpr void cost(Plan& plan, const Plan* incumbent = nullptr) {
     const PlanOptions& o = plan.options_;
     const DeviceMesh& mesh = plan.src_.mesh();
-    const int n = mesh.size();
-    const std::size_t count = plan.steps_.size();
     const Layout& base = plan.src_;
     bool all_even = is_even(base, base.placements());
-    for (const Step& s : plan.steps_) all_even = all_even && is_even(base, s.after);
     bool has_exchange = false;
-    for (std::size_t i = 0; i < count; ++i) {
-      Step& s = plan.steps_[i];
+    for (const Step& s : plan.steps_) {
+      all_even = all_even && is_even(base, s.after);
+      has_exchange |= s.kind == StepKind::exchange;
+    }
+    for (Step& s : plan.steps_) {
       s.padded = false;
       s.bytes_recv_max = s.bytes_send_max = 0;
       s.est_us = 0;
-      has_exchange |= s.kind == StepKind::exchange;
       if (!moves_data(s.kind) || all_even || s.kind == StepKind::exchange ||
           s.kind == StepKind::all_reduce || o.padding == Padding::never)
         continue;
@@ -280,10 +282,11 @@ struct plan_builder {
         s.padded = true;
       } else if (o.objective == Objective::time) {
         double padded_us = 0, exact_us = 0;
-        for (int r = 0; r < n; ++r) {
+        for (int r = 0; r < mesh.size(); ++r) {
           const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
           const double p =
-              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, o.cost_model).us;
+              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, o.cost_model)
+                  .us;
           const double e =
               rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
                   .us;
@@ -302,26 +305,35 @@ struct plan_builder {
       for (const Step& s : plan.steps_) fixed[k] = fixed[k] && !s.after[k].is_shard();
     }
     plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
-    for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
-                   [&](const MeshCoord& c) {
-                     RankBytes total;
-                     for (std::size_t i = 0; i < count; ++i) {
-                       Step& s = plan.steps_[i];
-                       if (!moves_data(s.kind)) continue;
-                       const RankStepCost rc = rank_step_cost(
-                           base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, o.cost_model);
-                       total.send += rc.bytes.send;
-                       total.recv += rc.bytes.recv;
-                       s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
-                       s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
-                       s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
-                     }
-                     plan.bytes_recv_max_ = max_of(plan.bytes_recv_max_, total.recv);
-                     plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
-                   });
+    const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+    for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
+      RankBytes total;
+      double us = 0;
+      for (Step& s : plan.steps_) {
+        if (moves_data(s.kind)) {
+          const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                 s.padded, c, o.cost_model);
+          total.send += rc.bytes.send;
+          total.recv += rc.bytes.recv;
+          s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
+          s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
+          s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+        }
+        us += s.est_us;
+      }
+      plan.bytes_recv_max_ = max_of(plan.bytes_recv_max_, total.recv);
+      plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
+      if (incumbent == nullptr) return true;
+      plan.pruned_ = o.objective == Objective::bytes
+                         ? plan.bytes_recv_max_ > incumbent->bytes_recv_max()
+                         : us > incumbent->est_us() * (1 + 1e-9) + 1e-9;
+      return !plan.pruned_;
+    });
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
   }
+
+  static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
 
   static constexpr void set_lower_bound(Plan& plan, std::int64_t bytes) noexcept {
     plan.lower_bound_ = bytes;
@@ -379,7 +391,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       if (!b[k].is_partial()) end[k] = b[k];
     for (int i = num_made; i-- > 0;) suffix.push_back({made[i], end[made[i]], b[made[i]]});
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
-    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options);
+    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options, &best);
     if (better(p, best, options.objective)) best = p;
   }
 }
@@ -387,6 +399,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
 // Whether plan a is better than plan b under the objective.
 constexpr bool better(const Plan& a, const Plan& b, Objective objective) {
   constexpr double eps = 1e-9;
+  if (plan_builder::pruned(a)) return false;
   if (objective == Objective::bytes && a.bytes_recv_max() != b.bytes_recv_max())
     return a.bytes_recv_max() < b.bytes_recv_max();
   if (a.est_us() < b.est_us() - eps) return true;
@@ -441,7 +454,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   if (options.allow_all_to_all) {
     const detail::Transitions a2a = detail::with_all_to_all(a, greedy);
     if (a2a.size() != greedy.size()) {
-      const Plan p = detail::plan_builder::build(src, dst, a2a, options);
+      const Plan p = detail::plan_builder::build(src, dst, a2a, options, &best);
       if (detail::better(p, best, options.objective)) best = p;
     }
   }

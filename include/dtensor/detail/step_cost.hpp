@@ -18,15 +18,14 @@ struct RankStepCost {
 constexpr std::int64_t max_of(std::int64_t a, std::int64_t b) noexcept { return a > b ? a : b; }
 
 // Visits the coordinates of the mesh that agree with `base` on every dim where `fixed[k]`,
-// and take every value on the others.
+// and take every value on the others, while `f` returns true.
 template <class F>
-constexpr void for_each_coord(const DeviceMesh& mesh, const MeshCoord& base, const bool* fixed,
-                              F&& f) {
+constexpr void for_each_coord_while(const DeviceMesh& mesh, const MeshCoord& base,
+                                    const bool* fixed, F&& f) {
   MeshCoord c = base;
   for (int k = 0; k < mesh.ndim(); ++k)
     if (!fixed[k]) c[k] = 0;
-  while (true) {
-    f(c);
+  while (f(c)) {
     int k = mesh.ndim() - 1;
     for (; k >= 0; --k) {
       if (fixed[k]) continue;
@@ -35,6 +34,16 @@ constexpr void for_each_coord(const DeviceMesh& mesh, const MeshCoord& base, con
     }
     if (k < 0) return;
   }
+}
+
+// As for_each_coord_while, never stopping early.
+template <class F>
+constexpr void for_each_coord(const DeviceMesh& mesh, const MeshCoord& base, const bool* fixed,
+                              F&& f) {
+  for_each_coord_while(mesh, base, fixed, [&](const MeshCoord& c) {
+    f(c);
+    return true;
+  });
 }
 
 // The outermost mesh dim where two coordinates differ (-1 when equal).

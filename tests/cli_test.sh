@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# dtensor-plan as a user runs it: explanations, JSON, and bad input (exit 2, one line).
+set -u
+tool=$1
+fail=0
+check() {  # description, expected exit code, command...
+  local what=$1 want=$2
+  shift 2
+  out=$("$@" 2>/tmp/dtensor_cli_err.$$)
+  got=$?
+  if [ "$got" != "$want" ]; then
+    echo "FAIL: $what: exit $got, expected $want"; cat /tmp/dtensor_cli_err.$$; fail=1
+  fi
+}
+expect_in() {  # description, needle
+  if ! grep -qF -- "$2" <<<"$out"; then echo "FAIL: $1: output lacks '$2'"; fail=1; fi
+}
+
+check "explain" 0 "$tool" --mesh 2x4 --shape 1024x4096 --dtype bf16 --from 'S(0),R' --to 'R,S(0)'
+expect_in "explain" "exchange"
+expect_in "explain" "ratio 1.00"
+expect_in "explain" "0-3"
+check "layout only" 0 "$tool" --mesh 4 --shape 5x3 --from 'S(0)'
+expect_in "layout only" "ranks holding no elements: 3"
+check "backward" 0 "$tool" --mesh 4 --shape 8x8 --from 'S(0)' --to 'R' --backward --grad P
+expect_in "backward" "reduce_scatter"
+check "adjoint" 0 "$tool" --mesh 4 --shape 8x8 --from 'S(0)' --to 'R' --adjoint
+expect_in "adjoint" "reduce_scatter"
+check "objective bytes" 0 "$tool" --mesh 4 --shape 5x2 --from 'S(0)' --to R --objective bytes
+check "json" 0 "$tool" --mesh 2x4 --shape 1024x4096 --dtype bf16 --from 'S(0),R' --to 'R,S(1)' --json
+for key in '"mesh":[2,4]' '"shape":[1024,4096]' '"dtype":"bf16"' '"elem_bytes":2' \
+           '"from":["S(0)","R"]' '"to":["R","S(1)"]' '"op":"exchange"' '"mesh_dims":[0,1]' \
+           '"bytes_recv_max":1048576' '"lower_bound_bytes_recv_max":1048576' \
+           '"src_shape":[512,4096]' '"dst_shape":[1024,1024]' '"coord":[1,3]'; do
+  expect_in "json" "$key"
+done
+if command -v python3 >/dev/null 2>&1; then
+  python3 -c 'import json,sys; d=json.load(sys.stdin); assert len(d["ranks"]) == 8' <<<"$out" ||
+    { echo "FAIL: json does not parse"; fail=1; }
+fi
+
+for bad in "--mesh 2x0 --shape 4 --from R" "--mesh 2x4 --shape 4 --from S(0)" \
+           "--mesh 2x4 --shape 4x4 --from S(2),R" "--mesh 2x4 --shape 4x4 --from X,R" \
+           "--mesh 2x4 --shape 4x4 --from S(0),R --to R" "--mesh 2x4 --shape 4x4 --from R,R --dtype f8" \
+           "--mesh 2x4 --from R,R" "--mesh" "--bogus 1" "--mesh 2x4 --shape 4x4 --from R,R --objective fast" \
+           "--mesh 2x4 --shape 4x4 --from P(max),R --to R,R --adjoint" "positional"; do
+  # shellcheck disable=SC2086
+  check "bad input: $bad" 2 "$tool" $bad
+  lines=$(wc -l </tmp/dtensor_cli_err.$$)
+  if [ "$lines" != 1 ]; then echo "FAIL: bad input '$bad': $lines lines on stderr"; fail=1; fi
+done
+rm -f /tmp/dtensor_cli_err.$$
+if [ $fail = 0 ]; then echo "dtensor-plan: all checks passed"; fi
+exit $fail
