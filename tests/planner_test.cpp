@@ -339,7 +339,7 @@ TEST_CASE("mismatched layouts are refused", "[planner][errors]") {
 
 TEST_CASE("every pair on small meshes: valid chains, never below the bound",
           "[planner][exhaustive]") {
-  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial()};
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
                                DeviceMesh({2, 2, 2})};
   const Shape shapes[] = {{16, 8}, {5, 7}};
@@ -352,13 +352,13 @@ TEST_CASE("every pair on small meshes: valid chains, never below the bound",
   for (const PlanOptions& variant : variants) {
     for (const DeviceMesh& m : meshes) {
       int combos = 1;
-      for (int k = 0; k < m.ndim(); ++k) combos *= 4;
+      for (int k = 0; k < m.ndim(); ++k) combos *= 5;
       for (int x = 0; x < combos; ++x) {
         for (int y = 0; y < combos; ++y) {
           Placements a, b;
-          for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 4, ry /= 4) {
-            a.push_back(options[rx % 4]);
-            b.push_back(options[ry % 4]);
+          for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 5, ry /= 5) {
+            a.push_back(options[rx % 5]);
+            b.push_back(options[ry % 5]);
           }
           for (const Shape& shape : shapes) {
             const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape), variant);

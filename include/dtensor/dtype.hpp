@@ -52,10 +52,12 @@ constexpr bool is_floating(DType t) noexcept {
 // IEEE half precision, as a storage type (16 bits, no arithmetic).
 struct f16_t {
   std::uint16_t bits;
+  friend constexpr bool operator==(f16_t, f16_t) noexcept = default;  // bitwise
 };
 // bfloat16, as a storage type (16 bits, no arithmetic).
 struct bf16_t {
   std::uint16_t bits;
+  friend constexpr bool operator==(bf16_t, bf16_t) noexcept = default;  // bitwise
 };
 
 // The DType of a C++ element type, for typed spans.

@@ -86,6 +86,32 @@ constexpr Transitions greedy_transitions(const Placements& src, const Placements
 }
 
 // Whether every transition of the sequence is a valid group operation, starting from `src`.
+constexpr bool transitions_valid(const Placements& src, const Transitions& ts);
+
+// Moves each transition that makes a Partial (S or R to P) after the last reduction of a
+// source Partial, where the sequence stays valid: reductions then run on real values, not on
+// blocks padded with another op's identity (an integer max's identity, the lowest value,
+// overflows a later sum).
+constexpr Transitions reductions_first(const Placements& src, Transitions ts) {
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const Transition t = ts[i];
+    if (!t.to.is_partial() || t.from.is_partial()) continue;
+    std::size_t last = i;
+    for (std::size_t j = i + 1; j < ts.size(); ++j)
+      if (ts[j].from.is_partial()) last = j;
+    if (last == i) continue;
+    Transitions moved;
+    for (std::size_t j = 0; j < ts.size(); ++j) {
+      if (j != i) moved.push_back(ts[j]);
+      if (j == last) moved.push_back(t);
+    }
+    if (transitions_valid(src, moved)) {
+      ts = moved;
+      --i;  // the next transition now sits at i
+    }
+  }
+  return ts;
+}
 constexpr bool transitions_valid(const Placements& src, const Transitions& ts) {
   Placements state = src;
   for (const Transition& t : ts) {
@@ -233,6 +259,10 @@ struct plan_builder {
       state = *exchange_to;
     }
     add_transitions(plan, state, suffix);
+    if (!(state == dst.placements())) {
+      plan.pruned_ = true;  // not a plan to dst: never chosen
+      return plan;
+    }
     cost(plan, incumbent);
     return plan;
   }
@@ -285,8 +315,7 @@ struct plan_builder {
         for (int r = 0; r < mesh.size(); ++r) {
           const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
           const double p =
-              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, o.cost_model)
-                  .us;
+              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, o.cost_model).us;
           const double e =
               rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
                   .us;
@@ -389,7 +418,10 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     }
     for (int k = 0; k < static_cast<int>(b.size()); ++k)
       if (!b[k].is_partial()) end[k] = b[k];
-    for (int i = num_made; i-- > 0;) suffix.push_back({made[i], end[made[i]], b[made[i]]});
+    // Every target Partial is made locally after the exchange, innermost first: on `made`
+    // dims from the intermediate's placement, on reduced dims from what the reduction left.
+    for (int k = static_cast<int>(b.size()); k-- > 0;)
+      if (b[k].is_partial()) suffix.push_back({k, end[k], b[k]});
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
     const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options, &best);
     if (better(p, best, options.objective)) best = p;
@@ -449,7 +481,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
   const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
-  const detail::Transitions greedy = detail::greedy_transitions(a, b);
+  const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
   if (options.allow_all_to_all) {
     const detail::Transitions a2a = detail::with_all_to_all(a, greedy);

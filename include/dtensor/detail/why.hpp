@@ -50,6 +50,10 @@ DTENSOR_WHY(layout_dtype_mismatch, "the two layouts have different dtypes: {} an
 DTENSOR_WHY(layout_policy_mismatch, "the two layouts chunk uneven dims with different policies");
 DTENSOR_WHY(adjoint_nonlinear, "the adjoint needs R, S(d) or P(sum) placements: P({}) has no dual");
 
+DTENSOR_WHY(backend_mesh_mismatch, "the backend's mesh {} is not the plan's mesh {}");
+DTENSOR_WHY(buffer_too_small, "the {} buffer holds {} bytes, but rank {} needs {}");
+DTENSOR_WHY(span_dtype_mismatch, "a span of {} for a plan of {}");
+
 #undef DTENSOR_WHY
 
 }  // namespace dtensor::detail::why

@@ -1,0 +1,301 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../backend.hpp"
+#include "../detail/elementwise.hpp"
+#include "../device_mesh.hpp"
+#include "../errors.hpp"
+#include "../layout.hpp"
+#include "../plan.hpp"
+
+// Every rank of a mesh inside one process, each on its own thread, on host memory. Collectives
+// meet at a rendezvous of their group; reductions combine in group-index order, so results are
+// deterministic and replicas bit-identical. Counts the bytes each rank sends and receives, by
+// the same ring-algorithm convention the planner uses. The reference backend for tests.
+namespace dtensor {
+
+class SimulatedBackend;
+
+// The shared state of one simulated mesh: rendezvous, byte counters, and the abort flag that
+// turns one rank's error into an error on every rank instead of a hang.
+class SimulatedWorld {
+ public:
+  explicit SimulatedWorld(const DeviceMesh& mesh)
+      : mesh_(mesh), bytes_(static_cast<std::size_t>(mesh.size())) {}
+
+  [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
+  // Bytes global rank `rank` sent and received since the last reset.
+  [[nodiscard]] RankBytes bytes(int rank) const {
+    std::lock_guard lock(mutex_);
+    return bytes_[static_cast<std::size_t>(mesh_.index_of(rank))];
+  }
+  // Collective calls (one per group, not per rank) and point-to-point rounds since the reset.
+  [[nodiscard]] std::int64_t collectives() const {
+    std::lock_guard lock(mutex_);
+    return collectives_;
+  }
+  void reset_counters() {
+    std::lock_guard lock(mutex_);
+    for (RankBytes& b : bytes_) b = {};
+    collectives_ = 0;
+  }
+
+  // Runs f(backend) for every rank of the mesh, each on its own thread, and waits for all.
+  // The first error of any rank aborts the others and is rethrown here.
+  template <class F>
+  void run(F&& f);
+
+ private:
+  friend class SimulatedBackend;
+
+  // One rendezvous point: the members of a group deposit their arguments, wait for each
+  // other, work, and wait again before their buffers may change.
+  struct Meeting {
+    std::vector<const void*> send;
+    std::vector<void*> recv;
+    std::vector<std::size_t> size;
+    std::vector<std::vector<SendMessage>> messages;
+    int arrived = 0;
+    std::uint64_t generation = 0;
+  };
+
+  Meeting& meeting(int mesh_dim, int first_rank, int members) {
+    std::lock_guard lock(mutex_);
+    Meeting& m = meetings_[{mesh_dim, first_rank}];
+    if (m.send.size() != static_cast<std::size_t>(members)) {
+      m.send.resize(static_cast<std::size_t>(members));
+      m.recv.resize(static_cast<std::size_t>(members));
+      m.size.resize(static_cast<std::size_t>(members));
+      m.messages.resize(static_cast<std::size_t>(members));
+    }
+    return m;
+  }
+
+  void wait_all(Meeting& m, int members) {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t generation = m.generation;
+    if (++m.arrived == members) {
+      m.arrived = 0;
+      ++m.generation;
+      changed_.notify_all();
+    } else {
+      changed_.wait(lock, [&] { return m.generation != generation || aborted_; });
+    }
+    if (aborted_) throw error("simulated run aborted: another rank failed");
+  }
+
+  void count(int rank, std::int64_t send, std::int64_t recv, bool first_of_group) {
+    std::lock_guard lock(mutex_);
+    RankBytes& b = bytes_[static_cast<std::size_t>(mesh_.index_of(rank))];
+    b.send += send;
+    b.recv += recv;
+    if (first_of_group) ++collectives_;
+  }
+
+  void abort() {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+    changed_.notify_all();
+  }
+
+  DeviceMesh mesh_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::pair<int, int>, Meeting> meetings_;
+  std::vector<RankBytes> bytes_;
+  std::int64_t collectives_ = 0;
+  bool aborted_ = false;
+};
+
+// One rank's view of a SimulatedWorld; satisfies Backend.
+class SimulatedBackend {
+ public:
+  static constexpr MemorySpace memory = MemorySpace::host;
+
+  SimulatedBackend(SimulatedWorld& world, int rank) : world_(&world), rank_(rank) {}
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] const DeviceMesh& mesh() const noexcept { return world_->mesh(); }
+
+  void all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    auto& m = enter(g, mesh_dim, send, recv, bytes);
+    for (int j = 0; j < g.size; ++j)
+      std::memcpy(static_cast<std::byte*>(recv) + j * bytes, m.send[static_cast<std::size_t>(j)],
+                  bytes);
+    const auto moved = static_cast<std::int64_t>((g.size - 1) * bytes);
+    leave(m, g, moved, moved);
+  }
+
+  void reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
+                      ReduceOp op) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    auto& m = enter(g, mesh_dim, send, recv, count);
+    const std::size_t elem = size_of(dtype);
+    std::vector<const std::byte*> parts(static_cast<std::size_t>(g.size));
+    for (int j = 0; j < g.size; ++j)
+      parts[static_cast<std::size_t>(j)] =
+          static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
+          static_cast<std::size_t>(g.index) * count * elem;
+    reduce(recv, parts, count, dtype, op);
+    const auto moved = static_cast<std::int64_t>((g.size - 1) * count * elem);
+    leave(m, g, moved, moved);
+  }
+
+  void all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
+                  ReduceOp op) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    auto& m = enter(g, mesh_dim, send, recv, count);
+    const std::size_t elem = size_of(dtype);
+    std::vector<const std::byte*> parts(static_cast<std::size_t>(g.size));
+    for (int j = 0; j < g.size; ++j)
+      parts[static_cast<std::size_t>(j)] =
+          static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]);
+    // Every member reduces all of it in the same order: bit-identical replicas. The result
+    // goes to a private buffer first, since recv may be some member's send.
+    std::vector<std::byte> result(count * elem);
+    reduce(result.data(), parts, count, dtype, op);
+    wait(m, g);
+    if (count) std::memcpy(recv, result.data(), count * elem);
+    // Ring convention: a reduce-scatter of g balanced pieces, then an all-gather of them.
+    const auto piece = static_cast<std::int64_t>(
+        chunk_range(static_cast<std::int64_t>(count), g.size, g.index, ChunkPolicy::balanced).size);
+    const auto moved = static_cast<std::int64_t>(
+        ((g.size - 1) * piece + static_cast<std::int64_t>(count) - piece) *
+        static_cast<std::int64_t>(elem));
+    leave(m, g, moved, moved);
+  }
+
+  void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    auto& m = enter(g, mesh_dim, send, recv, bytes);
+    for (int j = 0; j < g.size; ++j)
+      std::memcpy(static_cast<std::byte*>(recv) + j * bytes,
+                  static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
+                      static_cast<std::size_t>(g.index) * bytes,
+                  bytes);
+    const auto moved = static_cast<std::int64_t>((g.size - 1) * bytes);
+    leave(m, g, moved, moved);
+  }
+
+  void exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
+    const DeviceMesh& mesh = this->mesh();
+    const int n = mesh.size();
+    const auto me = static_cast<std::size_t>(mesh.index_of(rank_));
+    SimulatedWorld::Meeting& m = world_->meeting(-1, mesh.first_rank(), n);
+    m.messages[me].assign(sends.begin(), sends.end());
+    world_->wait_all(m, n);
+    std::int64_t sent = 0, received = 0;
+    for (const SendMessage& s : sends)
+      if (s.peer != rank_) sent += static_cast<std::int64_t>(s.bytes);
+    for (const RecvMessage& r : recvs) {
+      const auto& theirs = m.messages[static_cast<std::size_t>(mesh.index_of(r.peer))];
+      const SendMessage* match = nullptr;
+      for (const SendMessage& s : theirs)
+        if (s.peer == rank_ && s.bytes == r.bytes && match == nullptr) match = &s;
+      if (match == nullptr) {
+        world_->abort();
+        throw error("simulated exchange: rank " + std::to_string(rank_) + " expects " +
+                    std::to_string(r.bytes) + " bytes from rank " + std::to_string(r.peer) +
+                    ", which sends no such message");
+      }
+      if (r.bytes) std::memcpy(r.data, match->data, r.bytes);
+      if (r.peer != rank_) received += static_cast<std::int64_t>(r.bytes);
+    }
+    world_->wait_all(m, n);
+    world_->count(rank_, sent, received, me == 0);
+  }
+
+ private:
+  SimulatedWorld::Meeting& enter(const MeshGroup& g, int mesh_dim, const void* send, void* recv,
+                                 std::size_t size) {
+    SimulatedWorld::Meeting& m = world_->meeting(mesh_dim, g.first, g.size);
+    const auto i = static_cast<std::size_t>(g.index);
+    m.send[i] = send;
+    m.recv[i] = recv;
+    m.size[i] = size;
+    world_->wait_all(m, g.size);
+    for (int j = 0; j < g.size; ++j) {
+      if (m.size[static_cast<std::size_t>(j)] != size) {
+        world_->abort();
+        throw error("simulated collective: rank " + std::to_string(rank_) + " passes size " +
+                    std::to_string(size) + ", rank " + std::to_string(g.rank(j)) + " " +
+                    std::to_string(m.size[static_cast<std::size_t>(j)]));
+      }
+    }
+    return m;
+  }
+
+  void wait(SimulatedWorld::Meeting& m, const MeshGroup& g) { world_->wait_all(m, g.size); }
+
+  void leave(SimulatedWorld::Meeting& m, const MeshGroup& g, std::int64_t sent,
+             std::int64_t received) {
+    world_->wait_all(m, g.size);
+    world_->count(rank_, g.size > 1 ? sent : 0, g.size > 1 ? received : 0, g.index == 0);
+  }
+
+  static void reduce(void* out, const std::vector<const std::byte*>& parts, std::size_t count,
+                     DType dtype, ReduceOp op) {
+    detail::visit_dtype(dtype, [&]<class T>() {
+      std::vector<const T*> in(parts.size());
+      for (std::size_t j = 0; j < parts.size(); ++j) in[j] = reinterpret_cast<const T*>(parts[j]);
+      detail::reduce_into(static_cast<T*>(out), in.data(), static_cast<int>(in.size()), count, op);
+    });
+  }
+
+  SimulatedWorld* world_;
+  int rank_;
+};
+
+template <class F>
+void SimulatedWorld::run(F&& f) {
+  {
+    std::lock_guard lock(mutex_);
+    aborted_ = false;
+    meetings_.clear();
+  }
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(mesh_.size()));
+  for (int i = 0; i < mesh_.size(); ++i) {
+    threads.emplace_back([this, &f, &errors, i] {
+      SimulatedBackend backend(*this, mesh_.rank_at(i));
+      try {
+        f(backend);
+      } catch (...) {
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+        abort();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // The root cause first: an error other than the abort it caused elsewhere.
+  std::exception_ptr first;
+  for (const std::exception_ptr& e : errors) {
+    if (!e) continue;
+    if (!first) first = e;
+    try {
+      std::rethrow_exception(e);
+    } catch (const error& err) {
+      if (std::string_view(err.what()).find("simulated run aborted") == std::string_view::npos) {
+        first = e;
+        break;
+      }
+    } catch (...) {
+      first = e;
+      break;
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace dtensor

@@ -1,0 +1,146 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "../dtype.hpp"
+#include "../reduce_op.hpp"
+#include "half.hpp"
+
+// Element-level operations on host memory for every dtype: reductions (f16 and bf16 in
+// float), the identity of each op, scaling.
+namespace dtensor::detail {
+
+// Calls f.template operator()<T>() with the C++ element type of `t`.
+template <class F>
+constexpr decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    case DType::f16: return f.template operator()<f16_t>();
+    case DType::bf16: return f.template operator()<bf16_t>();
+    case DType::i32: return f.template operator()<std::int32_t>();
+    case DType::i64: return f.template operator()<std::int64_t>();
+    case DType::u8: return f.template operator()<std::uint8_t>();
+  }
+  return f.template operator()<float>();
+}
+
+// The type arithmetic happens in: float for the 16-bit types, the type itself otherwise.
+template <class T>
+using compute_t =
+    std::conditional_t<std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>, float, T>;
+
+template <class T>
+constexpr compute_t<T> widen(T v) noexcept {
+  if constexpr (std::is_same_v<T, f16_t> || std::is_same_v<T, bf16_t>)
+    return to_float(v);
+  else
+    return v;
+}
+
+template <class T>
+constexpr T narrow(compute_t<T> v) noexcept {
+  if constexpr (std::is_same_v<T, f16_t>)
+    return to_f16(v);
+  else if constexpr (std::is_same_v<T, bf16_t>)
+    return to_bf16(v);
+  else
+    return static_cast<T>(v);
+}
+
+// a + b; integers saturate at their limits instead of overflowing (undefined for signed
+// types), which also keeps a max's or min's identity (the lowest or highest value) out of reach
+// of real values when a block filled with it is later summed.
+template <class C>
+constexpr C add(C a, C b) noexcept {
+  if constexpr (std::is_integral_v<C>) {
+    C out{};
+    if (__builtin_add_overflow(a, b, &out))
+      return b > 0 ? std::numeric_limits<C>::max() : std::numeric_limits<C>::lowest();
+    return out;
+  } else {
+    return a + b;
+  }
+}
+
+// a * b; integers wrap (two's complement) instead of overflowing.
+template <class C>
+constexpr C multiply(C a, C b) noexcept {
+  if constexpr (std::is_integral_v<C>) {
+    using U = std::make_unsigned_t<C>;
+    return static_cast<C>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  } else {
+    return a * b;
+  }
+}
+
+// a op b, where avg accumulates as a sum (the caller divides once at the end). NaN
+// propagates through max and min.
+template <class C>
+constexpr C combine(C a, C b, ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return add(a, b);
+    case ReduceOp::product: return multiply(a, b);
+    case ReduceOp::max:
+      if constexpr (std::numeric_limits<C>::has_quiet_NaN)
+        if (a != a || b != b) return a != a ? a : b;
+      return a < b ? b : a;
+    case ReduceOp::min:
+      if constexpr (std::numeric_limits<C>::has_quiet_NaN)
+        if (a != a || b != b) return a != a ? a : b;
+      return b < a ? b : a;
+  }
+  return a;
+}
+
+// The value x with x op y == y for every y.
+template <class T>
+constexpr T identity(ReduceOp op) noexcept {
+  using C = compute_t<T>;
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return narrow<T>(C(0));
+    case ReduceOp::product: return narrow<T>(C(1));
+    case ReduceOp::max:
+      return narrow<T>(std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
+                                                            : std::numeric_limits<C>::lowest());
+    case ReduceOp::min:
+      return narrow<T>(std::numeric_limits<C>::has_infinity ? std::numeric_limits<C>::infinity()
+                                                            : std::numeric_limits<C>::max());
+  }
+  return T{};
+}
+
+// out[i] = reduce over the `parts` inputs (in order) of in[p][i], for `count` elements; avg
+// divides by the number of parts once at the end. Inputs and output may alias.
+template <class T>
+void reduce_into(T* out, const T* const* in, int parts, std::size_t count, ReduceOp op) {
+  using C = compute_t<T>;
+  for (std::size_t i = 0; i < count; ++i) {
+    C acc = widen(in[0][i]);
+    for (int p = 1; p < parts; ++p) acc = combine(acc, widen(in[p][i]), op);
+    if (op == ReduceOp::avg) acc = static_cast<C>(acc / static_cast<C>(parts));
+    out[i] = narrow<T>(acc);
+  }
+}
+
+// Fills `count` elements with the identity of `op`.
+template <class T>
+void fill_identity(T* out, std::size_t count, ReduceOp op) {
+  const T v = identity<T>(op);
+  for (std::size_t i = 0; i < count; ++i) out[i] = v;
+}
+
+// Divides `count` elements by `g` (in float for f16 and bf16).
+template <class T>
+void divide(T* data, std::size_t count, int g) {
+  using C = compute_t<T>;
+  for (std::size_t i = 0; i < count; ++i)
+    data[i] = narrow<T>(static_cast<C>(widen(data[i]) / C(g)));
+}
+
+}  // namespace dtensor::detail

@@ -1,0 +1,406 @@
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "backend.hpp"
+#include "detail/box_copy.hpp"
+#include "detail/elementwise.hpp"
+#include "detail/step_cost.hpp"
+#include "detail/why.hpp"
+#include "errors.hpp"
+#include "plan.hpp"
+#include "planner.hpp"
+
+// Running a plan on real buffers: every rank calls execute() with its own backend and its
+// blocks of the source and target layouts (row-major, contiguous). Host memory.
+namespace dtensor {
+
+namespace detail {
+
+// How a collective step moves uneven pieces on this group: a native collective on pieces of one
+// size (even, or padded), or exact sizes in one point-to-point round.
+enum class Movement { native, exact };
+
+struct StepContext {
+  const Plan& plan;
+  const Step& step;
+  Layout before, after;
+  MeshCoord me;
+  Box have, want;
+  std::size_t elem;
+};
+
+inline std::size_t bytes_of(const Box& b, std::size_t elem) {
+  return static_cast<std::size_t>(b.numel()) * elem;
+}
+
+inline Shape relative(const Box& inner, const Box& outer) {
+  Shape s = inner.offset;
+  for (std::size_t d = 0; d < s.size(); ++d) s[d] -= outer.offset[d];
+  return s;
+}
+
+// The block of member j of this rank's group along the step's mesh dim, under `l`.
+inline Box member_box(const StepContext& c, const Layout& l, int j) {
+  MeshCoord m = c.me;
+  m[c.step.mesh_dim] = j;
+  return l.local_box(m);
+}
+
+inline int global_rank(const StepContext& c, int j) {
+  MeshCoord m = c.me;
+  m[c.step.mesh_dim] = j;
+  return c.plan.src().mesh().rank(m);
+}
+
+// Copies `piece` (a block of the tensor inside both `from_box` and `to_box`) between buffers.
+inline void copy_piece(const std::byte* from, const Box& from_box, std::byte* to, const Box& to_box,
+                       const Box& piece, std::size_t elem) {
+  copy_box(from, from_box.shape, relative(piece, from_box), to, to_box.shape,
+           relative(piece, to_box), piece.shape, elem);
+}
+
+// The padded piece shape: `box` with each listed dim widened to the group's largest piece.
+inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64_t range) {
+  shape[dim] =
+      chunk_range(range, c.plan.src().mesh().size(c.step.mesh_dim), 0, c.plan.src().policy()).size;
+  return shape;
+}
+
+template <class B>
+void run_all_gather(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim, i = c.step.before[k].dim();
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const bool even = c.want.shape[i] % g == 0;
+  if (even || c.step.padded) {
+    Box piece{Shape(c.have.shape.size(), 0), padded_shape(c, c.have.shape, i, c.want.shape[i])};
+    const std::size_t piece_bytes = bytes_of(piece, c.elem);
+    std::vector<std::byte> send(piece_bytes), recv(piece_bytes * static_cast<std::size_t>(g));
+    copy_box(cur, c.have.shape, Shape(c.have.shape.size(), 0), send.data(), piece.shape,
+             Shape(c.have.shape.size(), 0), c.have.shape, c.elem);
+    backend.all_gather(k, send.data(), recv.data(), piece_bytes);
+    for (int j = 0; j < g; ++j) {
+      const Box bj = member_box(c, c.before, j);
+      copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece.shape,
+               Shape(piece.shape.size(), 0), out, c.want.shape, relative(bj, c.want), bj.shape,
+               c.elem);
+    }
+    return;
+  }
+  std::vector<std::vector<std::byte>> staging(static_cast<std::size_t>(g));
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for (int j = 0; j < g; ++j) {
+    if (j == me) continue;
+    const Box bj = member_box(c, c.before, j);
+    staging[static_cast<std::size_t>(j)].resize(bytes_of(bj, c.elem));
+    if (!c.have.empty()) sends.push_back({global_rank(c, j), cur, bytes_of(c.have, c.elem)});
+    if (!bj.empty())
+      recvs.push_back(
+          {global_rank(c, j), staging[static_cast<std::size_t>(j)].data(), bytes_of(bj, c.elem)});
+  }
+  backend.exchange(sends, recvs);
+  for (int j = 0; j < g; ++j) {
+    const Box bj = member_box(c, c.before, j);
+    const std::byte* from = j == me ? cur : staging[static_cast<std::size_t>(j)].data();
+    copy_piece(from, bj, out, c.want, bj, c.elem);
+  }
+}
+
+template <class B>
+void run_reduce_scatter(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const ReduceOp op = c.step.before[k].reduce_op();
+  const DType dtype = c.plan.src().dtype();
+  const bool even = c.have.shape[j_dim] % g == 0;
+  if (even || c.step.padded) {
+    const Shape piece = padded_shape(c, c.want.shape, j_dim, c.have.shape[j_dim]);
+    const Box piece_box{Shape(piece.size(), 0), piece};
+    const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
+    std::vector<std::byte> send(piece_bytes * static_cast<std::size_t>(g)), recv(piece_bytes);
+    for (int j = 0; j < g; ++j) {
+      const Box aj = member_box(c, c.after, j);
+      copy_box(cur, c.have.shape, relative(aj, c.have),
+               send.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
+               Shape(piece.size(), 0), aj.shape, c.elem);
+    }
+    backend.reduce_scatter(k, send.data(), recv.data(), static_cast<std::size_t>(piece_box.numel()),
+                           dtype, op);
+    copy_box(recv.data(), piece, Shape(piece.size(), 0), out, c.want.shape, Shape(piece.size(), 0),
+             c.want.shape, c.elem);
+    return;
+  }
+  // Exact: each member sends every other member its partial of that member's piece, then
+  // reduces the g partials of its own piece in group order.
+  const std::size_t own_bytes = bytes_of(c.want, c.elem);
+  std::vector<std::vector<std::byte>> packed(static_cast<std::size_t>(g));
+  std::vector<std::byte> partials(own_bytes * static_cast<std::size_t>(g));
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for (int j = 0; j < g; ++j) {
+    const Box aj = member_box(c, c.after, j);
+    auto& buf = packed[static_cast<std::size_t>(j)];
+    buf.resize(bytes_of(aj, c.elem));
+    copy_piece(cur, c.have, buf.data(), aj, aj, c.elem);
+    if (j == me) {
+      if (own_bytes)
+        std::memcpy(partials.data() + static_cast<std::size_t>(j) * own_bytes, buf.data(),
+                    own_bytes);
+      continue;
+    }
+    if (!aj.empty()) sends.push_back({global_rank(c, j), buf.data(), buf.size()});
+    if (own_bytes)
+      recvs.push_back({global_rank(c, j), partials.data() + static_cast<std::size_t>(j) * own_bytes,
+                       own_bytes});
+  }
+  backend.exchange(sends, recvs);
+  visit_dtype(dtype, [&]<class T>() {
+    std::vector<const T*> parts(static_cast<std::size_t>(g));
+    for (int j = 0; j < g; ++j)
+      parts[static_cast<std::size_t>(j)] =
+          reinterpret_cast<const T*>(partials.data() + static_cast<std::size_t>(j) * own_bytes);
+    reduce_into(reinterpret_cast<T*>(out), parts.data(), g,
+                static_cast<std::size_t>(c.want.numel()), op);
+  });
+}
+
+template <class B>
+void run_all_to_all(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim;
+  const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const bool even = c.want.shape[i] % g == 0 && c.have.shape[j_dim] % g == 0;
+  if (even || c.step.padded) {
+    Shape piece = c.have.shape;
+    piece = padded_shape(c, piece, i, c.want.shape[i]);
+    piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
+    const Box piece_box{Shape(piece.size(), 0), piece};
+    const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
+    std::vector<std::byte> send(piece_bytes * static_cast<std::size_t>(g)),
+        recv(piece_bytes * static_cast<std::size_t>(g));
+    for (int j = 0; j < g; ++j) {
+      const Box part = intersect(c.have, member_box(c, c.after, j));
+      copy_box(cur, c.have.shape, relative(part, c.have),
+               send.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
+               Shape(piece.size(), 0), part.shape, c.elem);
+    }
+    backend.all_to_all(k, send.data(), recv.data(), piece_bytes);
+    for (int j = 0; j < g; ++j) {
+      const Box part = intersect(member_box(c, c.before, j), c.want);
+      copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
+               Shape(piece.size(), 0), out, c.want.shape, relative(part, c.want), part.shape,
+               c.elem);
+    }
+    return;
+  }
+  std::vector<std::vector<std::byte>> packed(static_cast<std::size_t>(g)),
+      staging(static_cast<std::size_t>(g));
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for (int j = 0; j < g; ++j) {
+    const Box to_j = intersect(c.have, member_box(c, c.after, j));
+    const Box from_j = intersect(member_box(c, c.before, j), c.want);
+    if (j == me) {
+      copy_piece(cur, c.have, out, c.want, to_j, c.elem);
+      continue;
+    }
+    auto& p = packed[static_cast<std::size_t>(j)];
+    p.resize(bytes_of(to_j, c.elem));
+    copy_piece(cur, c.have, p.data(), to_j, to_j, c.elem);
+    if (!p.empty()) sends.push_back({global_rank(c, j), p.data(), p.size()});
+    auto& s = staging[static_cast<std::size_t>(j)];
+    s.resize(bytes_of(from_j, c.elem));
+    if (!s.empty()) recvs.push_back({global_rank(c, j), s.data(), s.size()});
+  }
+  backend.exchange(sends, recvs);
+  for (int j = 0; j < g; ++j) {
+    if (j == me) continue;
+    const Box from_j = intersect(member_box(c, c.before, j), c.want);
+    copy_piece(staging[static_cast<std::size_t>(j)].data(), from_j, out, c.want, from_j, c.elem);
+  }
+}
+
+template <class B>
+void run_exchange(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+  const Layout& base = c.plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  std::vector<std::vector<std::byte>> packed, staging;
+  std::vector<Box> staged_boxes;
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for_each_exchange_target(base, c.step.before, c.step.after, c.me,
+                           [&](const MeshCoord& receiver, const Box& piece) {
+                             if (receiver == c.me) return;
+                             packed.emplace_back(bytes_of(piece, c.elem));
+                             copy_piece(cur, c.have, packed.back().data(), piece, piece, c.elem);
+                           });
+  for_each_exchange_source(base, c.step.before, c.step.after, c.me,
+                           [&](const MeshCoord& source, const Box& piece) {
+                             if (source == c.me) {
+                               copy_piece(cur, c.have, out, c.want, piece, c.elem);
+                               return;
+                             }
+                             staging.emplace_back(bytes_of(piece, c.elem));
+                             staged_boxes.push_back(piece);
+                           });
+  std::size_t p = 0;
+  for_each_exchange_target(
+      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& receiver, const Box&) {
+        if (receiver == c.me) return;
+        sends.push_back({mesh.rank(receiver), packed[p].data(), packed[p].size()});
+        ++p;
+      });
+  std::size_t s = 0;
+  for_each_exchange_source(
+      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& source, const Box&) {
+        if (source == c.me) return;
+        recvs.push_back({mesh.rank(source), staging[s].data(), staging[s].size()});
+        ++s;
+      });
+  backend.exchange(sends, recvs);
+  for (std::size_t r = 0; r < staging.size(); ++r)
+    copy_piece(staging[r].data(), staged_boxes[r], out, c.want, staged_boxes[r], c.elem);
+}
+
+// R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
+inline void make_partial(const StepContext& c, std::byte* out) {
+  const int k = c.step.mesh_dim;
+  const ReduceOp op = c.step.after[k].reduce_op();
+  const int g = c.plan.src().mesh().size(k);
+  const DType dtype = c.plan.src().dtype();
+  const auto count = static_cast<std::size_t>(c.want.numel());
+  const bool keep_one =
+      op == ReduceOp::product || (op == ReduceOp::sum && (c.plan.options().partial_from_replicate ==
+                                                              PartialFromReplicate::keep_one ||
+                                                          !is_floating(dtype)));
+  visit_dtype(dtype, [&]<class T>() {
+    T* data = reinterpret_cast<T*>(out);
+    if (keep_one) {
+      if (c.me[k] != 0) fill_identity(data, count, op);
+    } else if (op == ReduceOp::sum) {
+      divide(data, count, g);
+    }
+  });
+}
+
+// S(i) -> P(op): the shard placed in a block of the op's identity.
+inline void fill_partial(const StepContext& c, const std::byte* cur, std::byte* out) {
+  const ReduceOp op = c.step.after[c.step.mesh_dim].reduce_op();
+  visit_dtype(c.plan.src().dtype(), [&]<class T>() {
+    fill_identity(reinterpret_cast<T*>(out), static_cast<std::size_t>(c.want.numel()), op);
+  });
+  copy_piece(cur, c.have, out, c.want, c.have, c.elem);
+}
+
+}  // namespace detail
+
+// Bytes of temporary memory execute() uses at most on any rank for this plan: intermediate
+// blocks between steps plus the send and receive buffers of the largest step.
+inline std::int64_t workspace_bytes(const Plan& plan) {
+  const DeviceMesh& mesh = plan.src().mesh();
+  const std::int64_t elem = plan.src().elem_bytes();
+  std::int64_t most = 0;
+  for (int r = 0; r < mesh.size(); ++r) {
+    const MeshCoord me = mesh.coordinate(mesh.rank_at(r));
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const Step& s = plan[i];
+      const std::int64_t have = plan.src().local_box(s.before, me).numel() * elem;
+      const std::int64_t want = plan.src().local_box(s.after, me).numel() * elem;
+      // The input, unless it is the caller's source, and the output, unless it is the
+      // caller's target; plus staging for what moves (at most send + receive, padded).
+      std::int64_t live = (i > 0 ? have : 0) + (i + 1 < plan.size() ? want : 0);
+      if (moves_data(s.kind)) {
+        const RankBytes b = step_rank_bytes(plan, i, mesh.rank_at(r));
+        live += b.send + b.recv + (s.kind == StepKind::all_gather || s.padded ? have + want : 0);
+      }
+      most = live > most ? live : most;
+    }
+  }
+  return most;
+}
+
+// Runs `plan` on this rank (backend.rank()): reads its block of plan.src() from `src` and writes
+// its block of plan.dst() to `dst` (row-major, contiguous, host memory). `src_bytes` and
+// `dst_bytes` are the buffers' sizes, checked against the blocks. The source is never written.
+// Every rank of the mesh must call this with the same plan.
+template <Backend B>
+void execute(const Plan& plan, B& backend, const void* src, std::size_t src_bytes, void* dst,
+             std::size_t dst_bytes) {
+  static_assert(B::memory == MemorySpace::host, "dtensor::execute runs on host memory");
+  if (!(backend.mesh() == plan.src().mesh()))
+    detail::fail<detail::why::backend_mesh_mismatch>(backend.mesh().shape(),
+                                                     plan.src().mesh().shape());
+  const int rank = backend.rank();
+  const MeshCoord me = plan.src().mesh().coordinate(rank);
+  const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
+  const std::size_t need_src = detail::bytes_of(plan.src().local_box(me), elem);
+  const std::size_t need_dst = detail::bytes_of(plan.dst().local_box(me), elem);
+  if (src_bytes < need_src)
+    detail::fail<detail::why::buffer_too_small>("source", src_bytes, rank, need_src);
+  if (dst_bytes < need_dst)
+    detail::fail<detail::why::buffer_too_small>("target", dst_bytes, rank, need_dst);
+
+  if (plan.empty()) {
+    if (need_dst && dst != src) std::memmove(dst, src, need_dst);
+    return;
+  }
+  const auto* cur = static_cast<const std::byte*>(src);
+  std::vector<std::byte> buffers[2];
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const Step& step = plan[i];
+    const detail::StepContext c{plan,
+                                step,
+                                plan.src().with_placements(step.before),
+                                plan.src().with_placements(step.after),
+                                me,
+                                plan.src().local_box(step.before, me),
+                                plan.src().local_box(step.after, me),
+                                elem};
+    const bool last = i + 1 == plan.size();
+    std::byte* out;
+    if (last) {
+      out = static_cast<std::byte*>(dst);
+    } else {
+      std::vector<std::byte>& next = buffers[i % 2];
+      next.assign(detail::bytes_of(c.want, elem), std::byte{0});
+      out = next.data();
+    }
+    switch (step.kind) {
+      case StepKind::identity:
+      case StepKind::chunk:
+        // An identity step's group is one rank: its block is unchanged.
+        detail::copy_piece(cur, c.have, out, c.want, c.want, elem);
+        break;
+      case StepKind::scale:
+        if (c.want.numel()) std::memcpy(out, cur, detail::bytes_of(c.want, elem));
+        detail::make_partial(c, out);
+        break;
+      case StepKind::fill: detail::fill_partial(c, cur, out); break;
+      case StepKind::all_gather: detail::run_all_gather(backend, c, cur, out); break;
+      case StepKind::reduce_scatter: detail::run_reduce_scatter(backend, c, cur, out); break;
+      case StepKind::all_reduce:
+        backend.all_reduce(step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
+                           plan.src().dtype(), step.before[step.mesh_dim].reduce_op());
+        break;
+      case StepKind::all_to_all: detail::run_all_to_all(backend, c, cur, out); break;
+      case StepKind::exchange: detail::run_exchange(backend, c, cur, out); break;
+    }
+    cur = out;
+  }
+}
+
+// Typed spans: the element type must be the plan's dtype.
+template <Backend B, class T>
+void execute(const Plan& plan, B& backend, std::span<const T> src, std::span<T> dst) {
+  if (dtype_of<T> != plan.src().dtype())
+    detail::fail<detail::why::span_dtype_mismatch>(name(dtype_of<T>), name(plan.src().dtype()));
+  execute(plan, backend, src.data(), src.size_bytes(), dst.data(), dst.size_bytes());
+}
+
+}  // namespace dtensor

@@ -1,0 +1,247 @@
+// The global-view oracle: a global tensor filled with its own linear index is cut into every
+// rank's source block, the plan runs on the simulated backend, and every rank's result must
+// equal the target block cut from the same tensor.
+#include <catch2/catch.hpp>
+
+#include <dtensor/backend/simulated.hpp>
+#include <dtensor/dtensor.hpp>
+#include <dtensor/execute.hpp>
+
+#include <unsupported/Eigen/CXX11/Tensor>
+
+#include <fmt/core.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+using namespace dtensor;
+
+namespace {
+
+using Global = Eigen::Tensor<double, 2, Eigen::RowMajor>;
+
+// The global tensor [rows, cols] holding its own linear index.
+Global linear_index(const Shape& shape) {
+  Global g(shape[0], shape[1]);
+  for (Eigen::Index i = 0; i < g.dimension(0); ++i)
+    for (Eigen::Index j = 0; j < g.dimension(1); ++j) g(i, j) = double(i * g.dimension(1) + j);
+  return g;
+}
+
+// The block `box` of the global tensor, row-major.
+Global cut(const Global& g, const Box& box) {
+  const Eigen::array<Eigen::Index, 2> at{box.offset[0], box.offset[1]};
+  const Eigen::array<Eigen::Index, 2> size{box.shape[0], box.shape[1]};
+  return g.slice(at, size);
+}
+
+// Part `c` of `g` parts of x whose reduction with op is x; distinct and mostly non-zero.
+double part(double x, ReduceOp op, int c, int g) {
+  switch (op) {
+    // sum: 1, 2, ..., g-1 and the rest; avg: x + 1, ..., x + g-1 and what brings the mean to x.
+    case ReduceOp::sum: return c < g - 1 ? double(c + 1) : x - double((g - 1) * g / 2);
+    case ReduceOp::avg: return c < g - 1 ? x + double(c + 1) : x - double((g - 1) * g / 2);
+    case ReduceOp::max: return c == 0 ? x : x - (c + 1);
+    case ReduceOp::min: return c == 0 ? x : x + (c + 1);
+    case ReduceOp::product: return c == 0 ? x : 1;
+  }
+  return x;
+}
+
+// The value rank `coord` holds for global value x under `placements`: Partial dims split it,
+// the innermost first, since reductions run outermost first.
+double held(double x, const Placements& placements, const DeviceMesh& mesh, const MeshCoord& c) {
+  for (int k = mesh.ndim(); k-- > 0;)
+    if (placements[k].is_partial()) x = part(x, placements[k].reduce_op(), c[k], mesh.size(k));
+  return x;
+}
+
+template <class T>
+T to_elem(double v) {
+  return detail::narrow<T>(static_cast<detail::compute_t<T>>(v));
+}
+template <class T>
+double from_elem(T v) {
+  return static_cast<double>(detail::widen(v));
+}
+
+struct Outcome {
+  int wrong = 0;
+  int unequal_replicas = 0;
+  int bytes_mismatch = 0;
+  std::string first;
+};
+
+template <class T>
+Outcome run_case(const Layout& src, const Layout& dst, const PlanOptions& options = {}) {
+  const DeviceMesh& mesh = src.mesh();
+  const int n = mesh.size();
+  const Plan plan = plan_redistribute(src, dst, options);
+  const Global g = linear_index(src.global_shape());
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    const MeshCoord c = mesh.coordinate(r);
+    const Global block = cut(g, src.local_box(c));
+    auto& v = in[static_cast<std::size_t>(r)];
+    v.resize(static_cast<std::size_t>(block.size()));
+    for (Eigen::Index i = 0; i < block.size(); ++i)
+      v[static_cast<std::size_t>(i)] = to_elem<T>(held(block.data()[i], src.placements(), mesh, c));
+    out[static_cast<std::size_t>(r)].assign(static_cast<std::size_t>(dst.local_box(c).numel()),
+                                            to_elem<T>(-7));
+  }
+  const std::vector<std::vector<T>> untouched = in;
+  SimulatedWorld world(mesh);
+  world.run([&](SimulatedBackend& b) {
+    const auto r = static_cast<std::size_t>(b.rank());
+    execute(plan, b, std::span<const T>(in[r]), std::span<T>(out[r]));
+  });
+  Outcome o;
+  auto note = [&](std::string what) {
+    if (o.first.empty()) o.first = std::move(what);
+  };
+  const bool floating = is_floating(src.dtype());
+  const double tolerance = src.dtype() == DType::bf16 ? 1e-2 : floating ? 1e-5 : 0;
+  for (int r = 0; r < n; ++r) {
+    if (in[static_cast<std::size_t>(r)] != untouched[static_cast<std::size_t>(r)]) {
+      ++o.wrong;
+      note(fmt::format("rank {} source buffer written", r));
+    }
+    const RankBytes measured = world.bytes(r), planned = rank_bytes(plan, r);
+    if (!(measured == planned)) {
+      ++o.bytes_mismatch;
+      note(fmt::format("rank {} moved {}/{} bytes, planned {}/{}", r, measured.send, measured.recv,
+                       planned.send, planned.recv));
+    }
+  }
+  // Each group of ranks that differ only on the target's Partial dims: reduce their results
+  // (outermost Partial dim first) and compare with the target block.
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !dst.placement(k).is_partial();
+  for (int r = 0; r < n; ++r) {
+    MeshCoord c = mesh.coordinate(r);
+    bool leader = true;
+    for (int k = 0; k < mesh.ndim(); ++k) leader = leader && (fixed[k] || c[k] == 0);
+    if (!leader) continue;
+    const Box box = dst.local_box(c);
+    const Global want = cut(g, box);
+    std::vector<double> value(static_cast<std::size_t>(box.numel()));
+    for (std::size_t e = 0; e < value.size(); ++e)
+      value[e] = from_elem(out[static_cast<std::size_t>(r)][e]);
+    // Fold each Partial dim, outermost first: value(rest) = op over that dim of parts.
+    std::vector<MeshCoord> members{c};
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      if (fixed[k]) continue;
+      std::vector<MeshCoord> next;
+      for (const MeshCoord& m : members)
+        for (int j = 0; j < mesh.size(k); ++j) {
+          MeshCoord x = m;
+          x[k] = j;
+          next.push_back(x);
+        }
+      members = next;
+    }
+    if (members.size() > 1) {
+      // Reduce in the order the data was split: innermost last.
+      std::vector<std::vector<double>> vals;
+      for (const MeshCoord& m : members) {
+        std::vector<double> v(value.size());
+        for (std::size_t e = 0; e < v.size(); ++e)
+          v[e] = from_elem(out[static_cast<std::size_t>(mesh.rank(m))][e]);
+        vals.push_back(v);
+      }
+      // members enumerate the Partial dims in mesh order, last dim fastest.
+      int stride = static_cast<int>(members.size());
+      for (int k = 0; k < mesh.ndim(); ++k) {
+        if (fixed[k]) continue;
+        const int gk = mesh.size(k);
+        stride /= gk;
+        const ReduceOp op = dst.placement(k).reduce_op();
+        std::vector<std::vector<double>> reduced;
+        for (int blockstart = 0; blockstart < static_cast<int>(vals.size());
+             blockstart += gk * stride)
+          for (int s = 0; s < stride; ++s) {
+            std::vector<double> acc = vals[static_cast<std::size_t>(blockstart + s)];
+            for (int j = 1; j < gk; ++j)
+              for (std::size_t e = 0; e < acc.size(); ++e)
+                acc[e] = detail::combine(
+                    acc[e], vals[static_cast<std::size_t>(blockstart + j * stride + s)][e], op);
+            if (op == ReduceOp::avg)
+              for (double& a : acc) a /= gk;
+            reduced.push_back(acc);
+          }
+        vals = reduced;
+      }
+      value = vals[0];
+    }
+    for (std::size_t e = 0; e < value.size(); ++e) {
+      const double expect = want.data()[e];
+      if (std::abs(value[e] - expect) > tolerance * std::max(1.0, std::abs(expect))) {
+        ++o.wrong;
+        note(fmt::format("rank {} element {}: {} instead of {}", r, e, value[e], expect));
+        break;
+      }
+    }
+  }
+  // Replicas (ranks with the same target block and no Partial target) are bit-identical.
+  if (!has_partial(dst.placements())) {
+    for (int r = 0; r < n; ++r)
+      for (int q = r + 1; q < n; ++q)
+        if (dst.local_box(r) == dst.local_box(q) &&
+            std::memcmp(out[static_cast<std::size_t>(r)].data(),
+                        out[static_cast<std::size_t>(q)].data(),
+                        out[static_cast<std::size_t>(r)].size() * sizeof(T)) != 0) {
+          ++o.unequal_replicas;
+          note(fmt::format("replicas {} and {} differ", r, q));
+        }
+  }
+  return o;
+}
+
+Outcome run_case(DType dtype, const Layout& src, const Layout& dst, const PlanOptions& options) {
+  return detail::visit_dtype(dtype, [&]<class T>() { return run_case<T>(src, dst, options); });
+}
+
+}  // namespace
+
+TEST_CASE("the global view: every pair of the planner's matrix, executed", "[execute][oracle]") {
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  const Shape shapes[] = {{16, 8}, {5, 7}};
+  int runs = 0, failures = 0;
+  for (const DeviceMesh& m : meshes) {
+    int combos = 1;
+    for (int k = 0; k < m.ndim(); ++k) combos *= 5;
+    for (int x = 0; x < combos; ++x) {
+      for (int y = 0; y < combos; ++y) {
+        Placements a, b;
+        for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 5, ry /= 5) {
+          a.push_back(options[rx % 5]);
+          b.push_back(options[ry % 5]);
+        }
+        for (const Shape& shape : shapes) {
+          // f32 everywhere; i64 and bf16 on the smaller meshes and a sample of the others.
+          std::vector<DType> dtypes{DType::f32};
+          if (m.size() <= 4 || (x + y) % 7 == 0) {
+            dtypes.push_back(DType::i64);
+            dtypes.push_back(DType::bf16);
+          }
+          for (DType dtype : dtypes) {
+            const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
+            const Outcome o = run_case(dtype, src, dst, {});
+            ++runs;
+            if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
+              ++failures;
+              if (failures <= 10)
+                FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
+            }
+          }
+        }
+      }
+    }
+  }
+  fmt::print("global-view oracle: {} runs, {} failed\n", runs, failures);
+  CHECK(failures == 0);
+}
