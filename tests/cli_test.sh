@@ -39,11 +39,26 @@ if command -v python3 >/dev/null 2>&1; then
     { echo "FAIL: json does not parse"; fail=1; }
 fi
 
+dump=$(mktemp -d)
+check "execute" 0 "$tool" --mesh 2x4 --shape 10x6 --dtype bf16 --from 'P,S(1)' --to 'R,S(0)' --execute --dump "$dump"
+expect_in "execute" "verified"
+for r in 0 7; do
+  for kind in src dst; do
+    if [ "$(head -c 6 "$dump/rank$r.$kind.npy" | tail -c 5)" != "NUMPY" ]; then
+      echo "FAIL: $dump/rank$r.$kind.npy is not a .npy file"; fail=1
+    fi
+  done
+done
+rm -rf "$dump"
+check "execute json" 0 "$tool" --mesh 2x2x2 --shape 5x7 --dtype i64 --from 'P(max),S(0),R' --to 'R,S(1),S(0)' --execute --json
+expect_in "execute json" "verified"
+
 for bad in "--mesh 2x0 --shape 4 --from R" "--mesh 2x4 --shape 4 --from S(0)" \
            "--mesh 2x4 --shape 4x4 --from S(2),R" "--mesh 2x4 --shape 4x4 --from X,R" \
            "--mesh 2x4 --shape 4x4 --from S(0),R --to R" "--mesh 2x4 --shape 4x4 --from R,R --dtype f8" \
            "--mesh 2x4 --from R,R" "--mesh" "--bogus 1" "--mesh 2x4 --shape 4x4 --from R,R --objective fast" \
-           "--mesh 2x4 --shape 4x4 --from P(max),R --to R,R --adjoint" "positional"; do
+           "--mesh 2x4 --shape 4x4 --from P(max),R --to R,R --adjoint" "positional" \
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --dump x" "--mesh 2x4 --shape 4x4 --from R,R --execute"; do
   # shellcheck disable=SC2086
   check "bad input: $bad" 2 "$tool" $bad
   lines=$(wc -l </tmp/dtensor_cli_err.$$)

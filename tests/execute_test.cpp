@@ -245,3 +245,108 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
   fmt::print("global-view oracle: {} runs, {} failed\n", runs, failures);
   CHECK(failures == 0);
 }
+
+namespace {
+
+// A deterministic pseudo-random value in [-1, 1) for (element, key).
+double noise(std::uint64_t element, std::uint64_t key) {
+  std::uint64_t z =
+      element * 0x9E3779B97F4A7C15ull + key * 0xBF58476D1CE4E5B9ull + 0x94D049BB133111EBull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return double(z >> 11) / double(1ull << 52) - 1.0;
+}
+
+// Every rank's block of a tensor in `layout`, with values that depend on the element and on
+// the rank's coordinates on the mesh dims listed in `distinct` (the others replicate).
+std::vector<std::vector<double>> random_blocks(const Layout& layout, const bool* distinct,
+                                               std::uint64_t seed) {
+  const DeviceMesh& mesh = layout.mesh();
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(mesh.size()));
+  for (int r = 0; r < mesh.size(); ++r) {
+    const MeshCoord c = mesh.coordinate(r);
+    std::uint64_t key = seed;
+    for (int k = 0; k < mesh.ndim(); ++k)
+      key = key * 131 + (distinct[k] ? std::uint64_t(c[k]) + 1 : 0);
+    const Box b = layout.local_box(c);
+    auto& v = out[static_cast<std::size_t>(r)];
+    v.resize(static_cast<std::size_t>(b.numel()));
+    for (std::int64_t i = 0; i < b.shape[0]; ++i)
+      for (std::int64_t j = 0; j < b.shape[1]; ++j) {
+        const auto e =
+            std::uint64_t((b.offset[0] + i) * layout.global_shape()[1] + b.offset[1] + j);
+        v[static_cast<std::size_t>(i * b.shape[1] + j)] = noise(e, key);
+      }
+  }
+  return out;
+}
+
+std::vector<std::vector<double>> run_plan(const Plan& plan,
+                                          const std::vector<std::vector<double>>& in) {
+  const DeviceMesh& mesh = plan.src().mesh();
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(mesh.size()));
+  for (int r = 0; r < mesh.size(); ++r)
+    out[static_cast<std::size_t>(r)].resize(
+        static_cast<std::size_t>(plan.dst().local_box(r).numel()));
+  SimulatedWorld world(mesh);
+  world.run([&](SimulatedBackend& b) {
+    const auto r = static_cast<std::size_t>(b.rank());
+    execute(plan, b, std::span<const double>(in[r]), std::span<double>(out[r]));
+  });
+  return out;
+}
+
+double dot(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  double s = 0;
+  for (std::size_t r = 0; r < a.size(); ++r)
+    for (std::size_t e = 0; e < a[r].size(); ++e) s += a[r][e] * b[r][e];
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("adjoint plans are transposes: <A x, y> = <x, A^T y>", "[execute][adjoint]") {
+  const Placement sources[] = {Replicate(), Shard(0), Shard(1)};
+  const Placement targets[] = {Replicate(), Shard(0), Shard(1), Partial()};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  const Shape shapes[] = {{16, 8}, {5, 7}};
+  int runs = 0, failures = 0;
+  for (const DeviceMesh& m : meshes) {
+    int xs = 1, ys = 1;
+    for (int k = 0; k < m.ndim(); ++k) xs *= 3, ys *= 4;
+    for (int x = 0; x < xs; ++x)
+      for (int y = 0; y < ys; ++y)
+        for (const Shape& shape : shapes) {
+          Placements a, b;
+          for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 3, ry /= 4) {
+            a.push_back(sources[rx % 3]);
+            b.push_back(targets[ry % 4]);
+          }
+          const Layout src(m, a, shape, DType::f64), dst(m, b, shape, DType::f64);
+          const Plan forward = plan_redistribute(src, dst);
+          const Plan transpose = adjoint(forward);
+          // x: a tensor in the source layout (replicas equal); y: a tensor in dual(target),
+          // where the target's Replicate dims are Partial (any values per rank).
+          bool x_distinct[max_mesh_dims] = {}, y_distinct[max_mesh_dims] = {};
+          for (int k = 0; k < m.ndim(); ++k) {
+            x_distinct[k] = a[k].is_shard();
+            y_distinct[k] = b[k].is_shard() || b[k].is_replicate();
+          }
+          const auto xv = random_blocks(src, x_distinct, 1);
+          const auto yv = random_blocks(dst, y_distinct, 2);
+          const double lhs = dot(run_plan(forward, xv), yv);
+          const double rhs = dot(xv, run_plan(transpose, yv));
+          ++runs;
+          if (std::abs(lhs - rhs) > 1e-9 * std::max(1.0, std::abs(lhs))) {
+            ++failures;
+            if (failures <= 5)
+              FAIL_CHECK(fmt::format("{} {} {} -> {}: <Ax,y> = {} but <x,A^T y> = {}", m, shape, a,
+                                     b, lhs, rhs));
+          }
+        }
+  }
+  fmt::print("adjoint dot-product test: {} pairs, {} failed\n", runs, failures);
+  CHECK(failures == 0);
+}

@@ -1,0 +1,202 @@
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/simulated.hpp"
+#include "detail/elementwise.hpp"
+#include "execute.hpp"
+#include "plan.hpp"
+
+// The global-view check of a plan, on the simulated backend: a global tensor holding its own
+// linear index is cut into every rank's source block (Partial sources as distinct parts that
+// reduce to it), the plan runs, and every rank's result must equal its block of the target
+// (Partial targets: once their group's parts are reduced). What dtensor-plan --execute runs.
+namespace dtensor {
+
+// The outcome of verify_on_simulator.
+struct Verification {
+  bool verified = false;
+  // What differs first, when not verified.
+  std::string difference;
+  // Per rank (in row-major mesh order): the bytes measured by the simulated backend.
+  std::vector<RankBytes> measured;
+  // Per rank: the source block given and the result, raw bytes of the plan's dtype.
+  std::vector<std::vector<std::byte>> sources, results;
+};
+
+namespace detail {
+
+// Part `c` of `g` parts of x that reduce to x under op; distinct and mostly non-zero.
+inline double partial_part(double x, ReduceOp op, int c, int g) {
+  switch (op) {
+    case ReduceOp::sum: return c < g - 1 ? double(c + 1) : x - double((g - 1) * g / 2);
+    case ReduceOp::avg: return c < g - 1 ? x + double(c + 1) : x - double((g - 1) * g / 2);
+    case ReduceOp::max: return c == 0 ? x : x - double(c + 1);
+    case ReduceOp::min: return c == 0 ? x : x + double(c + 1);
+    case ReduceOp::product: return c == 0 ? x : 1.0;
+  }
+  return x;
+}
+
+// Calls f(linear index in the global tensor, position in the block) for every element of box.
+template <class F>
+void for_each_element(const Shape& global, const Box& box, F&& f) {
+  const int nd = static_cast<int>(box.shape.size());
+  if (box.empty()) return;
+  std::int64_t index[max_tensor_dims] = {};
+  for (std::int64_t position = 0;; ++position) {
+    std::int64_t linear = 0;
+    for (int d = 0; d < nd; ++d) linear = linear * global[d] + box.offset[d] + index[d];
+    f(linear, position);
+    int d = nd - 1;
+    for (; d >= 0; --d) {
+      if (++index[d] < box.shape[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+template <class T>
+Verification verify_typed(const Plan& plan) {
+  const Layout& src = plan.src();
+  const Layout& dst = plan.dst();
+  const DeviceMesh& mesh = src.mesh();
+  const int n = mesh.size();
+  const Shape& global = src.global_shape();
+  std::vector<std::vector<T>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    const MeshCoord c = mesh.coordinate(mesh.rank_at(i));
+    auto& v = in[static_cast<std::size_t>(i)];
+    v.resize(static_cast<std::size_t>(src.local_box(c).numel()));
+    for_each_element(global, src.local_box(c), [&](std::int64_t linear, std::int64_t at) {
+      double x = double(linear);
+      // Partial dims split the value, innermost first (reductions run outermost first).
+      for (int k = mesh.ndim(); k-- > 0;)
+        if (src.placement(k).is_partial())
+          x = partial_part(x, src.placement(k).reduce_op(), c[k], mesh.size(k));
+      v[static_cast<std::size_t>(at)] = narrow<T>(static_cast<compute_t<T>>(x));
+    });
+    out[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(dst.local_box(c).numel()),
+                                            T{});
+  }
+  const std::vector<std::vector<T>> given = in;
+  SimulatedWorld world(mesh);
+  Verification report;
+  try {
+    world.run([&](SimulatedBackend& b) {
+      const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
+      execute(plan, b, std::span<const T>(in[i]), std::span<T>(out[i]));
+    });
+  } catch (const std::exception& e) {
+    report.difference = std::string("the run failed: ") + e.what();
+    return report;
+  }
+  auto differ = [&](std::string what) {
+    if (report.difference.empty()) report.difference = std::move(what);
+  };
+  const double tolerance = src.dtype() == DType::bf16 || src.dtype() == DType::f16 ? 1e-2
+                           : is_floating(src.dtype())                              ? 1e-6
+                                                                                   : 0.0;
+  for (int i = 0; i < n; ++i) {
+    const int rank = mesh.rank_at(i);
+    report.measured.push_back(world.bytes(rank));
+    if (!(report.measured.back() == rank_bytes(plan, rank)))
+      differ("rank " + std::to_string(rank) + " moved other bytes than planned");
+    if (in[static_cast<std::size_t>(i)] != given[static_cast<std::size_t>(i)])
+      differ("rank " + std::to_string(rank) + "'s source buffer was written");
+  }
+  // Reduce each target group (ranks that differ only on the target's Partial dims),
+  // outermost Partial dim first, and compare with the global view.
+  for (int i = 0; i < n; ++i) {
+    const MeshCoord c = mesh.coordinate(mesh.rank_at(i));
+    bool leader = true;
+    for (int k = 0; k < mesh.ndim(); ++k)
+      leader = leader && (!dst.placement(k).is_partial() || c[k] == 0);
+    if (!leader) continue;
+    const Box box = dst.local_box(c);
+    // value(coords on the Partial dims) for this block, folded dim by dim.
+    std::vector<MeshCoord> members{c};
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      if (!dst.placement(k).is_partial()) continue;
+      std::vector<MeshCoord> next;
+      for (const MeshCoord& m : members)
+        for (int j = 0; j < mesh.size(k); ++j) {
+          MeshCoord x = m;
+          x[k] = j;
+          next.push_back(x);
+        }
+      members = next;
+    }
+    const auto count = static_cast<std::size_t>(box.numel());
+    std::vector<std::vector<double>> values;
+    for (const MeshCoord& m : members) {
+      const auto& o = out[static_cast<std::size_t>(mesh.index_of(mesh.rank(m)))];
+      std::vector<double> v(count);
+      for (std::size_t e = 0; e < count; ++e) v[e] = double(widen(o[e]));
+      values.push_back(std::move(v));
+    }
+    std::size_t stride = values.size();
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      if (!dst.placement(k).is_partial()) continue;
+      const auto g = static_cast<std::size_t>(mesh.size(k));
+      const ReduceOp op = dst.placement(k).reduce_op();
+      stride /= g;
+      std::vector<std::vector<double>> reduced;
+      for (std::size_t start = 0; start < values.size(); start += g * stride)
+        for (std::size_t s = 0; s < stride; ++s) {
+          std::vector<double> acc = values[start + s];
+          for (std::size_t j = 1; j < g; ++j)
+            for (std::size_t e = 0; e < count; ++e)
+              acc[e] = combine(acc[e], values[start + j * stride + s][e], op);
+          if (op == ReduceOp::avg)
+            for (double& a : acc) a /= double(g);
+          reduced.push_back(std::move(acc));
+        }
+      values = std::move(reduced);
+    }
+    for_each_element(global, box, [&](std::int64_t linear, std::int64_t at) {
+      const double got = values[0][static_cast<std::size_t>(at)], want = double(linear);
+      if (std::abs(got - want) > tolerance * (std::abs(want) > 1 ? std::abs(want) : 1.0))
+        differ("rank " + std::to_string(mesh.rank(c)) + " holds " + std::to_string(got) +
+               " where the target has " + std::to_string(want) + " (global element " +
+               std::to_string(linear) + ")");
+    });
+  }
+  // Replicas are bit-identical.
+  if (!has_partial(dst.placements()))
+    for (int i = 0; i < n; ++i)
+      for (int j = i + 1; j < n; ++j)
+        if (dst.local_box(mesh.rank_at(i)) == dst.local_box(mesh.rank_at(j)) &&
+            std::memcmp(out[static_cast<std::size_t>(i)].data(),
+                        out[static_cast<std::size_t>(j)].data(),
+                        out[static_cast<std::size_t>(i)].size() * sizeof(T)) != 0)
+          differ("replicas " + std::to_string(mesh.rank_at(i)) + " and " +
+                 std::to_string(mesh.rank_at(j)) + " differ");
+  report.verified = report.difference.empty();
+  for (int i = 0; i < n; ++i) {
+    const auto& s = in[static_cast<std::size_t>(i)];
+    const auto& o = out[static_cast<std::size_t>(i)];
+    report.sources.emplace_back(reinterpret_cast<const std::byte*>(s.data()),
+                                reinterpret_cast<const std::byte*>(s.data() + s.size()));
+    report.results.emplace_back(reinterpret_cast<const std::byte*>(o.data()),
+                                reinterpret_cast<const std::byte*>(o.data() + o.size()));
+  }
+  return report;
+}
+
+}  // namespace detail
+
+// Runs `plan` on a simulated mesh with the global view as data and checks every rank.
+inline Verification verify_on_simulator(const Plan& plan) {
+  return detail::visit_dtype(plan.src().dtype(),
+                             [&]<class T>() { return detail::verify_typed<T>(plan); });
+}
+
+}  // namespace dtensor
