@@ -93,11 +93,20 @@ Outcome run_case(const Layout& src, const Layout& dst, const PlanOptions& option
   }
   const std::vector<std::vector<T>> untouched = in;
   SimulatedWorld world(mesh);
+  std::vector<ExecuteStats> stats(static_cast<std::size_t>(n));
   world.run([&](SimulatedBackend& b) {
     const auto r = static_cast<std::size_t>(b.rank());
-    execute(plan, b, std::span<const T>(in[r]), std::span<T>(out[r]));
+    execute(plan, b, std::span<const T>(in[r]), std::span<T>(out[r]), &stats[r]);
   });
   Outcome o;
+  const std::int64_t predicted = workspace_bytes(plan);
+  for (int r = 0; r < n; ++r)
+    if (stats[static_cast<std::size_t>(r)].scratch_peak_bytes > predicted) {
+      ++o.wrong;
+      if (o.first.empty())
+        o.first = fmt::format("rank {} held {} scratch bytes, workspace_bytes says {}", r,
+                              stats[static_cast<std::size_t>(r)].scratch_peak_bytes, predicted);
+    }
   auto note = [&](std::string what) {
     if (o.first.empty()) o.first = std::move(what);
   };

@@ -72,8 +72,9 @@ inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64
   return shape;
 }
 
+// Each run_* performs one step and returns the bytes of staging it allocated.
 template <class B>
-void run_all_gather(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+std::size_t run_all_gather(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
   const int k = c.step.mesh_dim, i = c.step.before[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const bool even = c.want.shape[i] % g == 0;
@@ -90,7 +91,7 @@ void run_all_gather(B& backend, const StepContext& c, const std::byte* cur, std:
                Shape(piece.shape.size(), 0), out, c.want.shape, relative(bj, c.want), bj.shape,
                c.elem);
     }
-    return;
+    return send.size() + recv.size();
   }
   std::vector<std::vector<std::byte>> staging(static_cast<std::size_t>(g));
   std::vector<SendMessage> sends;
@@ -110,10 +111,14 @@ void run_all_gather(B& backend, const StepContext& c, const std::byte* cur, std:
     const std::byte* from = j == me ? cur : staging[static_cast<std::size_t>(j)].data();
     copy_piece(from, bj, out, c.want, bj, c.elem);
   }
+  std::size_t staged = 0;
+  for (const auto& v : staging) staged += v.size();
+  return staged;
 }
 
 template <class B>
-void run_reduce_scatter(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+std::size_t run_reduce_scatter(B& backend, const StepContext& c, const std::byte* cur,
+                               std::byte* out) {
   const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const ReduceOp op = c.step.before[k].reduce_op();
@@ -134,7 +139,7 @@ void run_reduce_scatter(B& backend, const StepContext& c, const std::byte* cur, 
                            dtype, op);
     copy_box(recv.data(), piece, Shape(piece.size(), 0), out, c.want.shape, Shape(piece.size(), 0),
              c.want.shape, c.elem);
-    return;
+    return send.size() + recv.size();
   }
   // Exact: each member sends every other member its partial of that member's piece, then
   // reduces the g partials of its own piece in group order.
@@ -168,10 +173,13 @@ void run_reduce_scatter(B& backend, const StepContext& c, const std::byte* cur, 
     reduce_into(reinterpret_cast<T*>(out), parts.data(), g,
                 static_cast<std::size_t>(c.want.numel()), op);
   });
+  std::size_t staged = partials.size();
+  for (const auto& v : packed) staged += v.size();
+  return staged;
 }
 
 template <class B>
-void run_all_to_all(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+std::size_t run_all_to_all(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
   const int k = c.step.mesh_dim;
   const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
@@ -197,7 +205,7 @@ void run_all_to_all(B& backend, const StepContext& c, const std::byte* cur, std:
                Shape(piece.size(), 0), out, c.want.shape, relative(part, c.want), part.shape,
                c.elem);
     }
-    return;
+    return send.size() + recv.size();
   }
   std::vector<std::vector<std::byte>> packed(static_cast<std::size_t>(g)),
       staging(static_cast<std::size_t>(g));
@@ -224,10 +232,14 @@ void run_all_to_all(B& backend, const StepContext& c, const std::byte* cur, std:
     const Box from_j = intersect(member_box(c, c.before, j), c.want);
     copy_piece(staging[static_cast<std::size_t>(j)].data(), from_j, out, c.want, from_j, c.elem);
   }
+  std::size_t staged = 0;
+  for (const auto& v : packed) staged += v.size();
+  for (const auto& v : staging) staged += v.size();
+  return staged;
 }
 
 template <class B>
-void run_exchange(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+std::size_t run_exchange(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
   const Layout& base = c.plan.src();
   const DeviceMesh& mesh = base.mesh();
   std::vector<std::vector<std::byte>> packed, staging;
@@ -266,6 +278,10 @@ void run_exchange(B& backend, const StepContext& c, const std::byte* cur, std::b
   backend.exchange(sends, recvs);
   for (std::size_t r = 0; r < staging.size(); ++r)
     copy_piece(staging[r].data(), staged_boxes[r], out, c.want, staged_boxes[r], c.elem);
+  std::size_t staged = 0;
+  for (const auto& v : packed) staged += v.size();
+  for (const auto& v : staging) staged += v.size();
+  return staged;
 }
 
 // R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
@@ -300,30 +316,87 @@ inline void fill_partial(const StepContext& c, const std::byte* cur, std::byte* 
 
 }  // namespace detail
 
-// Bytes of temporary memory execute() uses at most on any rank for this plan: intermediate
-// blocks between steps plus the send and receive buffers of the largest step.
+namespace detail {
+
+// Bytes of the send/receive staging one step allocates on the rank at `me`.
+inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const MeshCoord& me) {
+  const Step& s = plan[i];
+  const Layout& base = plan.src();
+  const std::int64_t elem = base.elem_bytes();
+  const Box have = base.local_box(s.before, me), want = base.local_box(s.after, me);
+  const int k = s.mesh_dim;
+  switch (s.kind) {
+    case StepKind::all_gather:
+    case StepKind::reduce_scatter:
+    case StepKind::all_to_all: {
+      const int g = base.mesh().size(k);
+      const bool gather = s.kind == StepKind::all_gather,
+                 scatter = s.kind == StepKind::reduce_scatter;
+      const int i_dim = gather || !scatter ? s.before[k].dim() : -1;
+      const int j_dim = scatter || !gather ? s.after[k].dim() : -1;
+      bool even = true;
+      if (i_dim >= 0) even = even && want.shape[i_dim] % g == 0;
+      if (j_dim >= 0) even = even && have.shape[j_dim] % g == 0;
+      auto largest = [&](std::int64_t n) { return chunk_range(n, g, 0, base.policy()).size; };
+      if (even || s.padded) {
+        // One piece per member, padded to the largest.
+        Shape piece = gather ? have.shape : want.shape;
+        if (!gather && !scatter) piece = have.shape;
+        if (i_dim >= 0) piece[i_dim] = largest(want.shape[i_dim]);
+        if (j_dim >= 0) piece[j_dim] = largest(have.shape[j_dim]);
+        std::int64_t p = 1;
+        for (std::int64_t e : piece) p *= e;
+        p *= elem;
+        return gather || scatter ? (g + 1) * p : 2 * g * p;
+      }
+      // Exact: the point-to-point round's buffers. All-gather receives into staging and sends
+      // its block as is; reduce-scatter packs every member's piece and keeps g partials of
+      // its own; all-to-all packs what it sends and stages what it receives.
+      const RankBytes b = step_rank_bytes(plan, i, base.mesh().rank(me));
+      if (gather) return b.recv;
+      if (scatter) return b.send + want.numel() * elem * (g + 1);
+      return b.send + b.recv;
+    }
+    case StepKind::exchange: {
+      const RankBytes b = step_rank_bytes(plan, i, base.mesh().rank(me));
+      return b.send + b.recv;
+    }
+    default: return 0;
+  }
+}
+
+}  // namespace detail
+
+// Bytes of scratch memory execute() holds at most on any rank for this plan: the blocks
+// between steps (two buffers, reused) plus the staging of the largest step. Not counted: the
+// caller's source and target, and what a backend allocates inside its collectives.
 inline std::int64_t workspace_bytes(const Plan& plan) {
   const DeviceMesh& mesh = plan.src().mesh();
   const std::int64_t elem = plan.src().elem_bytes();
   std::int64_t most = 0;
   for (int r = 0; r < mesh.size(); ++r) {
     const MeshCoord me = mesh.coordinate(mesh.rank_at(r));
-    for (std::size_t i = 0; i < plan.size(); ++i) {
-      const Step& s = plan[i];
-      const std::int64_t have = plan.src().local_box(s.before, me).numel() * elem;
-      const std::int64_t want = plan.src().local_box(s.after, me).numel() * elem;
-      // The input, unless it is the caller's source, and the output, unless it is the
-      // caller's target; plus staging for what moves (at most send + receive, padded).
-      std::int64_t live = (i > 0 ? have : 0) + (i + 1 < plan.size() ? want : 0);
-      if (moves_data(s.kind)) {
-        const RankBytes b = step_rank_bytes(plan, i, mesh.rank_at(r));
-        live += b.send + b.recv + (s.kind == StepKind::all_gather || s.padded ? have + want : 0);
-      }
-      most = live > most ? live : most;
+    std::int64_t between[2] = {0, 0};
+    for (std::size_t i = 0; i + 1 < plan.size(); ++i) {
+      const std::int64_t b = plan.src().local_box(plan[i].after, me).numel() * elem;
+      between[i % 2] = b > between[i % 2] ? b : between[i % 2];
     }
+    std::int64_t staging = 0;
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const std::int64_t b = detail::step_staging_bytes(plan, i, me);
+      staging = b > staging ? b : staging;
+    }
+    const std::int64_t total = between[0] + between[1] + staging;
+    most = total > most ? total : most;
   }
   return most;
 }
+
+// What one execute() call used, for tests and tuning.
+struct ExecuteStats {
+  // The most scratch memory held at once: blocks between steps plus a step's staging.
+  std::int64_t scratch_peak_bytes = 0;
+};
 
 // Runs `plan` on this rank (backend.rank()): reads its block of plan.src() from `src` and writes
 // its block of plan.dst() to `dst` (row-major, contiguous, host memory). `src_bytes` and
@@ -331,7 +404,7 @@ inline std::int64_t workspace_bytes(const Plan& plan) {
 // Every rank of the mesh must call this with the same plan.
 template <Backend B>
 void execute(const Plan& plan, B& backend, const void* src, std::size_t src_bytes, void* dst,
-             std::size_t dst_bytes) {
+             std::size_t dst_bytes, ExecuteStats* stats = nullptr) {
   static_assert(B::memory == MemorySpace::host, "dtensor::execute runs on host memory");
   if (!(backend.mesh() == plan.src().mesh()))
     detail::fail<detail::why::backend_mesh_mismatch>(backend.mesh().shape(),
@@ -371,6 +444,7 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
       next.assign(detail::bytes_of(c.want, elem), std::byte{0});
       out = next.data();
     }
+    std::size_t staged = 0;
     switch (step.kind) {
       case StepKind::identity:
       case StepKind::chunk:
@@ -382,14 +456,21 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
         detail::make_partial(c, out);
         break;
       case StepKind::fill: detail::fill_partial(c, cur, out); break;
-      case StepKind::all_gather: detail::run_all_gather(backend, c, cur, out); break;
-      case StepKind::reduce_scatter: detail::run_reduce_scatter(backend, c, cur, out); break;
+      case StepKind::all_gather: staged = detail::run_all_gather(backend, c, cur, out); break;
+      case StepKind::reduce_scatter:
+        staged = detail::run_reduce_scatter(backend, c, cur, out);
+        break;
       case StepKind::all_reduce:
         backend.all_reduce(step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
                            plan.src().dtype(), step.before[step.mesh_dim].reduce_op());
         break;
-      case StepKind::all_to_all: detail::run_all_to_all(backend, c, cur, out); break;
-      case StepKind::exchange: detail::run_exchange(backend, c, cur, out); break;
+      case StepKind::all_to_all: staged = detail::run_all_to_all(backend, c, cur, out); break;
+      case StepKind::exchange: staged = detail::run_exchange(backend, c, cur, out); break;
+    }
+    if (stats != nullptr) {
+      const auto held =
+          static_cast<std::int64_t>(buffers[0].capacity() + buffers[1].capacity() + staged);
+      stats->scratch_peak_bytes = std::max(stats->scratch_peak_bytes, held);
     }
     cur = out;
   }
@@ -397,10 +478,11 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
 
 // Typed spans: the element type must be the plan's dtype.
 template <Backend B, class T>
-void execute(const Plan& plan, B& backend, std::span<const T> src, std::span<T> dst) {
+void execute(const Plan& plan, B& backend, std::span<const T> src, std::span<T> dst,
+             ExecuteStats* stats = nullptr) {
   if (dtype_of<T> != plan.src().dtype())
     detail::fail<detail::why::span_dtype_mismatch>(name(dtype_of<T>), name(plan.src().dtype()));
-  execute(plan, backend, src.data(), src.size_bytes(), dst.data(), dst.size_bytes());
+  execute(plan, backend, src.data(), src.size_bytes(), dst.data(), dst.size_bytes(), stats);
 }
 
 }  // namespace dtensor
