@@ -174,6 +174,7 @@ Verification verify_typed(const Plan& plan) {
     for (int i = 0; i < n; ++i)
       for (int j = i + 1; j < n; ++j)
         if (dst.local_box(mesh.rank_at(i)) == dst.local_box(mesh.rank_at(j)) &&
+            !out[static_cast<std::size_t>(i)].empty() &&
             std::memcmp(out[static_cast<std::size_t>(i)].data(),
                         out[static_cast<std::size_t>(j)].data(),
                         out[static_cast<std::size_t>(i)].size() * sizeof(T)) != 0)

@@ -130,7 +130,7 @@ class SimulatedBackend {
   void all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
     auto& m = enter(g, mesh_dim, send, recv, bytes);
-    for (int j = 0; j < g.size; ++j)
+    for (int j = 0; j < g.size && bytes > 0; ++j)
       std::memcpy(static_cast<std::byte*>(recv) + j * bytes, m.send[static_cast<std::size_t>(j)],
                   bytes);
     const auto moved = static_cast<std::int64_t>((g.size - 1) * bytes);
@@ -179,7 +179,7 @@ class SimulatedBackend {
   void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
     auto& m = enter(g, mesh_dim, send, recv, bytes);
-    for (int j = 0; j < g.size; ++j)
+    for (int j = 0; j < g.size && bytes > 0; ++j)
       std::memcpy(static_cast<std::byte*>(recv) + j * bytes,
                   static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
                       static_cast<std::size_t>(g.index) * bytes,
