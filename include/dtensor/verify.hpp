@@ -63,6 +63,30 @@ void for_each_element(const Shape& global, const Box& box, F&& f) {
   }
 }
 
+}  // namespace detail
+
+// Global rank `rank`'s block of `layout` when the global tensor holds its own linear index
+// (row-major): the source a global-view check gives each rank. Partial dims split each value
+// into distinct parts that reduce to it (innermost first, since reductions run outermost
+// first).
+template <class T>
+std::vector<T> global_view_block(const Layout& layout, int rank) {
+  const DeviceMesh& mesh = layout.mesh();
+  const MeshCoord c = mesh.coordinate(rank);
+  const Box box = layout.local_box(c);
+  std::vector<T> v(static_cast<std::size_t>(box.numel()));
+  detail::for_each_element(layout.global_shape(), box, [&](std::int64_t linear, std::int64_t at) {
+    double x = double(linear);
+    for (int k = mesh.ndim(); k-- > 0;)
+      if (layout.placement(k).is_partial())
+        x = detail::partial_part(x, layout.placement(k).reduce_op(), c[k], mesh.size(k));
+    v[static_cast<std::size_t>(at)] = detail::narrow<T>(static_cast<detail::compute_t<T>>(x));
+  });
+  return v;
+}
+
+namespace detail {
+
 template <class T>
 Verification verify_typed(const Plan& plan) {
   const Layout& src = plan.src();
@@ -72,19 +96,9 @@ Verification verify_typed(const Plan& plan) {
   const Shape& global = src.global_shape();
   std::vector<std::vector<T>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    const MeshCoord c = mesh.coordinate(mesh.rank_at(i));
-    auto& v = in[static_cast<std::size_t>(i)];
-    v.resize(static_cast<std::size_t>(src.local_box(c).numel()));
-    for_each_element(global, src.local_box(c), [&](std::int64_t linear, std::int64_t at) {
-      double x = double(linear);
-      // Partial dims split the value, innermost first (reductions run outermost first).
-      for (int k = mesh.ndim(); k-- > 0;)
-        if (src.placement(k).is_partial())
-          x = partial_part(x, src.placement(k).reduce_op(), c[k], mesh.size(k));
-      v[static_cast<std::size_t>(at)] = narrow<T>(static_cast<compute_t<T>>(x));
-    });
-    out[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(dst.local_box(c).numel()),
-                                            T{});
+    const int rank = mesh.rank_at(i);
+    in[static_cast<std::size_t>(i)] = global_view_block<T>(src, rank);
+    out[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(dst.local_numel(rank)), T{});
   }
   const std::vector<std::vector<T>> given = in;
   SimulatedWorld world(mesh);

@@ -28,6 +28,21 @@ constexpr decltype(auto) visit_dtype(DType t, F&& f) {
   return f.template operator()<float>();
 }
 
+// A small index per C++ element type (float 0, double 1, int32 2, int64 3, uint8 4), for tables.
+template <class C>
+constexpr int dtype_index() noexcept {
+  if constexpr (std::is_same_v<C, float>)
+    return 0;
+  else if constexpr (std::is_same_v<C, double>)
+    return 1;
+  else if constexpr (std::is_same_v<C, std::int32_t>)
+    return 2;
+  else if constexpr (std::is_same_v<C, std::int64_t>)
+    return 3;
+  else
+    return 4;
+}
+
 // The type arithmetic happens in: float for the 16-bit types, the type itself otherwise.
 template <class T>
 using compute_t =

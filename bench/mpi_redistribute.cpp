@@ -1,0 +1,99 @@
+// A redistribution over MPI against the bare MPI collective moving the same bytes, per message
+// size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute
+#include <dtensor/backend/mpi.hpp>
+#include <dtensor/dtensor.hpp>
+#include <dtensor/execute.hpp>
+
+#include <fmt/core.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace dtensor;
+
+// Median seconds of `iterations` timed runs of f (after warm-up), agreed on by every rank.
+double time_it(const std::function<void()>& f, int iterations) {
+  for (int i = 0; i < 2; ++i) f();
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    f();
+    double elapsed = MPI_Wtime() - start, slowest = 0;
+    MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    samples.push_back(slowest);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
+  const DeviceMesh mesh({size});
+  MpiBackend backend(mesh);
+  struct Case {
+    std::string_view name, from, to;
+    double busbw_factor;  // nccl-tests: bus bandwidth = algbw * factor
+  };
+  const Case cases[] = {{"all_gather", "S(0)", "R", double(size - 1) / size},
+                        {"reduce_scatter", "P", "S(0)", double(size - 1) / size},
+                        {"all_reduce", "P", "R", 2.0 * (size - 1) / size},
+                        {"all_to_all", "S(0)", "S(1)", double(size - 1) / size}};
+  if (rank == 0)
+    fmt::print(
+        "# {} ranks, f32, median of {} runs; size = bytes per rank of the larger side\n"
+        "{:>16} {:>10} {:>12} {:>12} {:>10} {:>10} {:>8}\n",
+        size, iterations, "collective", "size", "dtensor us", "bare MPI us", "algbw", "busbw",
+        "ratio");
+  for (const Case& c : cases) {
+    for (std::int64_t mib : {1, 4, 16, 64}) {
+      // A [rows, 1024] f32 tensor whose larger per-rank side is `mib` MiB.
+      const std::int64_t row_bytes = 1024 * 4;
+      const std::int64_t rows = mib * 1024 * 1024 / row_bytes;
+      const Layout src(mesh, parse_placements(c.from), {rows, 1024}, DType::f32);
+      const Layout dst(mesh, parse_placements(c.to), {rows, 1024}, DType::f32);
+      const Plan plan = plan_redistribute(src, dst);
+      std::vector<float> in(static_cast<std::size_t>(src.local_numel(rank)), 1.0f);
+      std::vector<float> out(static_cast<std::size_t>(dst.local_numel(rank)));
+      const double ours = time_it(
+          [&] { execute(plan, backend, std::span<const float>(in), std::span<float>(out)); },
+          iterations);
+      // The bare collective on the same buffers.
+      const auto count = static_cast<int>(std::min(in.size(), out.size()));
+      const double bare = time_it(
+          [&] {
+            if (c.name == "all_gather")
+              MPI_Allgather(in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(),
+                            static_cast<int>(in.size()), MPI_FLOAT, MPI_COMM_WORLD);
+            else if (c.name == "reduce_scatter")
+              MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(out.size()),
+                                       MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            else if (c.name == "all_reduce")
+              MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            else
+              MPI_Alltoall(in.data(), static_cast<int>(in.size()) / size, MPI_FLOAT, out.data(),
+                           static_cast<int>(in.size()) / size, MPI_FLOAT, MPI_COMM_WORLD);
+          },
+          iterations);
+      const double bytes = double(std::max(in.size(), out.size()) * sizeof(float));
+      const double algbw = bytes / ours / 1e9;
+      if (rank == 0)
+        fmt::print("{:>16} {:>7} MiB {:>12.1f} {:>12.1f} {:>8.2f} GB/s {:>6.2f} GB/s {:>8.3f}\n",
+                   c.name, mib, ours * 1e6, bare * 1e6, algbw, algbw * c.busbw_factor, ours / bare);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
