@@ -237,16 +237,24 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
             dtypes.push_back(DType::i64);
             dtypes.push_back(DType::bf16);
           }
-          for (DType dtype : dtypes) {
-            const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
-            const Outcome o = run_case(dtype, src, dst, {});
-            ++runs;
-            if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
-              ++failures;
-              if (failures <= 10)
-                FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
+          // Uneven shapes also run padded, exact, and under the bytes objective.
+          std::vector<PlanOptions> variants{{}};
+          if (shape[0] == 5)
+            variants.insert(variants.end(), {PlanOptions{.padding = Padding::always},
+                                             PlanOptions{.padding = Padding::never},
+                                             PlanOptions{.objective = Objective::bytes}});
+          for (DType dtype : dtypes)
+            for (const PlanOptions& variant : variants) {
+              if (dtype != DType::f32 && variant.padding != Padding::automatic) continue;
+              const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
+              const Outcome o = run_case(dtype, src, dst, variant);
+              ++runs;
+              if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
+                ++failures;
+                if (failures <= 10)
+                  FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
+              }
             }
-          }
         }
       }
     }

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -33,7 +34,29 @@ struct StepContext {
   MeshCoord me;
   Box have, want;
   std::size_t elem;
+  // Every group of the step cuts its pieces equally: one native collective everywhere. The
+  // choice must be the same on every rank, since an exact step is a mesh-wide round.
+  bool even;
 };
+
+// Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
+// among its group.
+inline bool step_is_even(const Plan& plan, const Step& s) {
+  if (s.kind != StepKind::all_gather && s.kind != StepKind::reduce_scatter &&
+      s.kind != StepKind::all_to_all)
+    return true;
+  const Layout& base = plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  const int k = s.mesh_dim, g = mesh.size(k);
+  const int i = s.kind == StepKind::reduce_scatter ? -1 : s.before[k].dim();
+  const int j = s.kind == StepKind::all_gather ? -1 : s.after[k].dim();
+  for (int r = 0; r < mesh.size(); ++r) {
+    const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
+    if (i >= 0 && base.local_box(s.after, c).shape[i] % g != 0) return false;
+    if (j >= 0 && base.local_box(s.before, c).shape[j] % g != 0) return false;
+  }
+  return true;
+}
 
 inline std::size_t bytes_of(const Box& b, std::size_t elem) {
   return static_cast<std::size_t>(b.numel()) * elem;
@@ -43,6 +66,28 @@ inline Shape relative(const Box& inner, const Box& outer) {
   Shape s = inner.offset;
   for (std::size_t d = 0; d < s.size(); ++d) s[d] -= outer.offset[d];
   return s;
+}
+
+// Staging memory: uninitialised (no pass to zero it) unless asked, since every byte that
+// matters is written before it is read.
+struct Scratch {
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t size = 0;
+
+  Scratch() = default;
+  explicit Scratch(std::size_t n, bool zero = false)
+      : bytes(zero ? std::make_unique<std::byte[]>(n)
+                   : std::make_unique_for_overwrite<std::byte[]>(n)),
+        size(n) {}
+  std::byte* data() noexcept { return bytes.get(); }
+};
+
+// Whether the pieces of `shape` along dim d are contiguous slabs of a row-major buffer (every
+// dim before d has extent 1), so that a gather or scatter along d needs no block transpose.
+inline bool slabs_along(const Shape& shape, int d) {
+  for (int i = 0; i < d; ++i)
+    if (shape[i] != 1) return false;
+  return true;
 }
 
 // The block of member j of this rank's group along the step's mesh dim, under `l`.
@@ -77,21 +122,27 @@ template <class B>
 std::size_t run_all_gather(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
   const int k = c.step.mesh_dim, i = c.step.before[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const bool even = c.want.shape[i] % g == 0;
+  const bool even = c.even;
   if (even || c.step.padded) {
     Box piece{Shape(c.have.shape.size(), 0), padded_shape(c, c.have.shape, i, c.want.shape[i])};
     const std::size_t piece_bytes = bytes_of(piece, c.elem);
-    std::vector<std::byte> send(piece_bytes), recv(piece_bytes * static_cast<std::size_t>(g));
-    copy_box(cur, c.have.shape, Shape(c.have.shape.size(), 0), send.data(), piece.shape,
-             Shape(c.have.shape.size(), 0), c.have.shape, c.elem);
-    backend.all_gather(k, send.data(), recv.data(), piece_bytes);
-    for (int j = 0; j < g; ++j) {
+    const bool exact = piece.shape == c.have.shape;
+    // Zero-copy: send the block as it is when it is a whole piece; receive straight into the
+    // target when every member's piece is whole (even) and they stack as slabs of it.
+    const bool direct = even && slabs_along(c.want.shape, i);
+    Scratch send(exact ? 0 : piece_bytes, true);
+    Scratch recv(direct ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    if (!exact)
+      copy_box(cur, c.have.shape, Shape(c.have.shape.size(), 0), send.data(), piece.shape,
+               Shape(c.have.shape.size(), 0), c.have.shape, c.elem);
+    backend.all_gather(k, exact ? cur : send.data(), direct ? out : recv.data(), piece_bytes);
+    for (int j = 0; j < g && !direct; ++j) {
       const Box bj = member_box(c, c.before, j);
       copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece.shape,
                Shape(piece.shape.size(), 0), out, c.want.shape, relative(bj, c.want), bj.shape,
                c.elem);
     }
-    return send.size() + recv.size();
+    return send.size + recv.size;
   }
   std::vector<std::vector<std::byte>> staging(static_cast<std::size_t>(g));
   std::vector<SendMessage> sends;
@@ -123,23 +174,29 @@ std::size_t run_reduce_scatter(B& backend, const StepContext& c, const std::byte
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const ReduceOp op = c.step.before[k].reduce_op();
   const DType dtype = c.plan.src().dtype();
-  const bool even = c.have.shape[j_dim] % g == 0;
+  const bool even = c.even;
   if (even || c.step.padded) {
     const Shape piece = padded_shape(c, c.want.shape, j_dim, c.have.shape[j_dim]);
     const Box piece_box{Shape(piece.size(), 0), piece};
     const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
-    std::vector<std::byte> send(piece_bytes * static_cast<std::size_t>(g)), recv(piece_bytes);
-    for (int j = 0; j < g; ++j) {
+    const bool exact = piece == c.want.shape;
+    // Zero-copy: send the block itself when the group is even and its pieces are slabs of it;
+    // receive into the target when this member's piece needs no padding.
+    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
+    Scratch send(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !exact);
+    Scratch recv(exact ? 0 : piece_bytes);
+    for (int j = 0; j < g && !direct_send; ++j) {
       const Box aj = member_box(c, c.after, j);
       copy_box(cur, c.have.shape, relative(aj, c.have),
                send.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
                Shape(piece.size(), 0), aj.shape, c.elem);
     }
-    backend.reduce_scatter(k, send.data(), recv.data(), static_cast<std::size_t>(piece_box.numel()),
-                           dtype, op);
-    copy_box(recv.data(), piece, Shape(piece.size(), 0), out, c.want.shape, Shape(piece.size(), 0),
-             c.want.shape, c.elem);
-    return send.size() + recv.size();
+    backend.reduce_scatter(k, direct_send ? cur : send.data(), exact ? out : recv.data(),
+                           static_cast<std::size_t>(piece_box.numel()), dtype, op);
+    if (!exact)
+      copy_box(recv.data(), piece, Shape(piece.size(), 0), out, c.want.shape,
+               Shape(piece.size(), 0), c.want.shape, c.elem);
+    return send.size + recv.size;
   }
   // Exact: each member sends every other member its partial of that member's piece, then
   // reduces the g partials of its own piece in group order.
@@ -183,29 +240,34 @@ std::size_t run_all_to_all(B& backend, const StepContext& c, const std::byte* cu
   const int k = c.step.mesh_dim;
   const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const bool even = c.want.shape[i] % g == 0 && c.have.shape[j_dim] % g == 0;
+  const bool even = c.even;
   if (even || c.step.padded) {
     Shape piece = c.have.shape;
     piece = padded_shape(c, piece, i, c.want.shape[i]);
     piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
     const Box piece_box{Shape(piece.size(), 0), piece};
     const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
-    std::vector<std::byte> send(piece_bytes * static_cast<std::size_t>(g)),
-        recv(piece_bytes * static_cast<std::size_t>(g));
-    for (int j = 0; j < g; ++j) {
+    // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
+    // (receive).
+    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
+    const bool direct_recv = even && slabs_along(c.want.shape, i);
+    Scratch send(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
+    Scratch recv(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    for (int j = 0; j < g && !direct_send; ++j) {
       const Box part = intersect(c.have, member_box(c, c.after, j));
       copy_box(cur, c.have.shape, relative(part, c.have),
                send.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
                Shape(piece.size(), 0), part.shape, c.elem);
     }
-    backend.all_to_all(k, send.data(), recv.data(), piece_bytes);
-    for (int j = 0; j < g; ++j) {
+    backend.all_to_all(k, direct_send ? cur : send.data(), direct_recv ? out : recv.data(),
+                       piece_bytes);
+    for (int j = 0; j < g && !direct_recv; ++j) {
       const Box part = intersect(member_box(c, c.before, j), c.want);
       copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
                Shape(piece.size(), 0), out, c.want.shape, relative(part, c.want), part.shape,
                c.elem);
     }
-    return send.size() + recv.size();
+    return send.size + recv.size;
   }
   std::vector<std::vector<std::byte>> packed(static_cast<std::size_t>(g)),
       staging(static_cast<std::size_t>(g));
@@ -334,9 +396,7 @@ inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const Me
                  scatter = s.kind == StepKind::reduce_scatter;
       const int i_dim = gather || !scatter ? s.before[k].dim() : -1;
       const int j_dim = scatter || !gather ? s.after[k].dim() : -1;
-      bool even = true;
-      if (i_dim >= 0) even = even && want.shape[i_dim] % g == 0;
-      if (j_dim >= 0) even = even && have.shape[j_dim] % g == 0;
+      const bool even = step_is_even(plan, s);
       auto largest = [&](std::int64_t n) { return chunk_range(n, g, 0, base.policy()).size; };
       if (even || s.padded) {
         // One piece per member, padded to the largest.
@@ -424,7 +484,8 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
     return;
   }
   const auto* cur = static_cast<const std::byte*>(src);
-  std::vector<std::byte> buffers[2];
+  // Blocks between steps, reused: each grows to the largest block it holds.
+  detail::Scratch buffers[2];
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const Step& step = plan[i];
     const detail::StepContext c{plan,
@@ -434,14 +495,16 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
                                 me,
                                 plan.src().local_box(step.before, me),
                                 plan.src().local_box(step.after, me),
-                                elem};
+                                elem,
+                                detail::step_is_even(plan, step)};
     const bool last = i + 1 == plan.size();
     std::byte* out;
     if (last) {
       out = static_cast<std::byte*>(dst);
     } else {
-      std::vector<std::byte>& next = buffers[i % 2];
-      next.assign(detail::bytes_of(c.want, elem), std::byte{0});
+      detail::Scratch& next = buffers[i % 2];
+      if (next.size < detail::bytes_of(c.want, elem))
+        next = detail::Scratch(detail::bytes_of(c.want, elem));
       out = next.data();
     }
     std::size_t staged = 0;
@@ -468,8 +531,7 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
       case StepKind::exchange: staged = detail::run_exchange(backend, c, cur, out); break;
     }
     if (stats != nullptr) {
-      const auto held =
-          static_cast<std::int64_t>(buffers[0].capacity() + buffers[1].capacity() + staged);
+      const auto held = static_cast<std::int64_t>(buffers[0].size + buffers[1].size + staged);
       stats->scratch_peak_bytes = std::max(stats->scratch_peak_bytes, held);
     }
     cur = out;
