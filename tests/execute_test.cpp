@@ -7,6 +7,8 @@
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
 
+#include "placement_pairs.hpp"
+
 #include <unsupported/Eigen/CXX11/Tensor>
 
 #include <fmt/core.h>
@@ -221,43 +223,34 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
   const Shape shapes[] = {{16, 8}, {5, 7}};
   int runs = 0, failures = 0;
   for (const DeviceMesh& m : meshes) {
-    int combos = 1;
-    for (int k = 0; k < m.ndim(); ++k) combos *= 5;
-    for (int x = 0; x < combos; ++x) {
-      for (int y = 0; y < combos; ++y) {
-        Placements a, b;
-        for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 5, ry /= 5) {
-          a.push_back(options[rx % 5]);
-          b.push_back(options[ry % 5]);
+    testing::for_each_pair(m, options, [&](int x, int y, const Placements& a, const Placements& b) {
+      for (const Shape& shape : shapes) {
+        // f32 everywhere; i64 and bf16 on the smaller meshes and a sample of the others.
+        std::vector<DType> dtypes{DType::f32};
+        if (m.size() <= 4 || (x + y) % 7 == 0) {
+          dtypes.push_back(DType::i64);
+          dtypes.push_back(DType::bf16);
         }
-        for (const Shape& shape : shapes) {
-          // f32 everywhere; i64 and bf16 on the smaller meshes and a sample of the others.
-          std::vector<DType> dtypes{DType::f32};
-          if (m.size() <= 4 || (x + y) % 7 == 0) {
-            dtypes.push_back(DType::i64);
-            dtypes.push_back(DType::bf16);
-          }
-          // Uneven shapes also run padded, exact, and under the bytes objective.
-          std::vector<PlanOptions> variants{{}};
-          if (shape[0] == 5)
-            variants.insert(variants.end(), {PlanOptions{.padding = Padding::always},
-                                             PlanOptions{.padding = Padding::never},
-                                             PlanOptions{.objective = Objective::bytes}});
-          for (DType dtype : dtypes)
-            for (const PlanOptions& variant : variants) {
-              if (dtype != DType::f32 && variant.padding != Padding::automatic) continue;
-              const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
-              const Outcome o = run_case(dtype, src, dst, variant);
-              ++runs;
-              if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
-                ++failures;
-                if (failures <= 10)
-                  FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
-              }
+        // Uneven shapes also run padded, exact, and under the bytes objective.
+        std::vector<PlanOptions> variants{{}};
+        if (shape[0] == 5)
+          variants.insert(variants.end(), {PlanOptions{.padding = Padding::always},
+                                           PlanOptions{.padding = Padding::never},
+                                           PlanOptions{.objective = Objective::bytes}});
+        for (DType dtype : dtypes)
+          for (const PlanOptions& variant : variants) {
+            if (dtype != DType::f32 && variant.padding != Padding::automatic) continue;
+            const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
+            const Outcome o = run_case(dtype, src, dst, variant);
+            ++runs;
+            if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
+              ++failures;
+              if (failures <= 10)
+                FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
             }
-        }
+          }
       }
-    }
+    });
   }
   fmt::print("global-view oracle: {} runs, {} failed\n", runs, failures);
   CHECK(failures == 0);

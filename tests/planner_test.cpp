@@ -2,6 +2,8 @@
 
 #include <dtensor/dtensor.hpp>
 
+#include "placement_pairs.hpp"
+
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -337,7 +339,7 @@ TEST_CASE("mismatched layouts are refused", "[planner][errors]") {
                     "1 placements for a mesh of 2 dims: one per mesh dim");
 }
 
-TEST_CASE("every pair on small meshes: valid chains, never below the bound",
+TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never below the bound",
           "[planner][exhaustive]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
@@ -351,47 +353,39 @@ TEST_CASE("every pair on small meshes: valid chains, never below the bound",
                                   {.padding = Padding::always}};
   for (const PlanOptions& variant : variants) {
     for (const DeviceMesh& m : meshes) {
-      int combos = 1;
-      for (int k = 0; k < m.ndim(); ++k) combos *= 5;
-      for (int x = 0; x < combos; ++x) {
-        for (int y = 0; y < combos; ++y) {
-          Placements a, b;
-          for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 5, ry /= 5) {
-            a.push_back(options[rx % 5]);
-            b.push_back(options[ry % 5]);
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        for (const Shape& shape : shapes) {
+          const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape), variant);
+          ++pairs;
+          Placements state = a;
+          for (std::size_t i = 0; i < p.size(); ++i) {
+            const Step& s = p[i];
+            for (int r = 0; r < m.size(); ++r)
+              REQUIRE(step_rank_bytes(p, i, r) == reference_bytes(p.src(), s, m.coordinate(r)));
+            REQUIRE(s.before == state);
+            if (s.kind != K::exchange)
+              REQUIRE(detail::transition_valid(s.mesh_dim, s.before, s.after));
+            state = s.after;
           }
-          for (const Shape& shape : shapes) {
-            const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape), variant);
-            ++pairs;
-            Placements state = a;
-            for (std::size_t i = 0; i < p.size(); ++i) {
-              const Step& s = p[i];
-              for (int r = 0; r < m.size(); ++r)
-                REQUIRE(step_rank_bytes(p, i, r) == reference_bytes(p.src(), s, m.coordinate(r)));
-              REQUIRE(s.before == state);
-              if (s.kind != K::exchange)
-                REQUIRE(detail::transition_valid(s.mesh_dim, s.before, s.after));
-              state = s.after;
-            }
-            REQUIRE(state == b);
-            REQUIRE(p.bytes_recv_max() >= p.lower_bound_bytes_recv_max());
-            const std::int64_t bound = p.lower_bound_bytes_recv_max();
-            if (p.bytes_recv_max() == bound) ++at_bound;
-            if (bound > 0 && double(p.bytes_recv_max()) / bound > worst) {
-              worst = double(p.bytes_recv_max()) / bound;
-              worst_case = fmt::format("{} {} {} -> {}", m, shape, a, b);
-            }
-            // The promise of Objective::bytes: no Partial on either side moves the bound.
-            if (variant.objective == Objective::bytes && variant.padding == Padding::automatic &&
-                !has_partial(a) && !has_partial(b)) {
-              ++promised;
-              if (p.bytes_recv_max() == bound) ++exact_when_promised;
-            }
+          REQUIRE(state == b);
+          REQUIRE(p.bytes_recv_max() >= p.lower_bound_bytes_recv_max());
+          const std::int64_t bound = p.lower_bound_bytes_recv_max();
+          if (p.bytes_recv_max() == bound) ++at_bound;
+          if (bound > 0 && double(p.bytes_recv_max()) / bound > worst) {
+            worst = double(p.bytes_recv_max()) / bound;
+            worst_case = fmt::format("{} {} {} -> {}", m, shape, a, b);
+          }
+          // The promise of Objective::bytes: no Partial on either side moves the bound.
+          if (variant.objective == Objective::bytes && variant.padding == Padding::automatic &&
+              !has_partial(a) && !has_partial(b)) {
+            ++promised;
+            if (p.bytes_recv_max() == bound) ++exact_when_promised;
           }
         }
-      }
+      });
     }
   }
+
   CHECK(exact_when_promised == promised);
   fmt::print(
       "planner exhaustive: {} plans, {} at the lower bound ({:.1f}%), worst ratio {:.2f} ({}); "

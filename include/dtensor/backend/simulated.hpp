@@ -142,12 +142,8 @@ class SimulatedBackend {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
     auto& m = enter(g, mesh_dim, send, recv, count);
     const std::size_t elem = size_of(dtype);
-    std::vector<const std::byte*> parts(static_cast<std::size_t>(g.size));
-    for (int j = 0; j < g.size; ++j)
-      parts[static_cast<std::size_t>(j)] =
-          static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
-          static_cast<std::size_t>(g.index) * count * elem;
-    reduce(recv, parts, count, dtype, op);
+    reduce(recv, member_sends(m, g, static_cast<std::size_t>(g.index) * count * elem), count, dtype,
+           op);
     const auto moved = static_cast<std::int64_t>((g.size - 1) * count * elem);
     leave(m, g, moved, moved);
   }
@@ -157,10 +153,7 @@ class SimulatedBackend {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
     auto& m = enter(g, mesh_dim, send, recv, count);
     const std::size_t elem = size_of(dtype);
-    std::vector<const std::byte*> parts(static_cast<std::size_t>(g.size));
-    for (int j = 0; j < g.size; ++j)
-      parts[static_cast<std::size_t>(j)] =
-          static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]);
+    const std::vector<const std::byte*> parts = member_sends(m, g, 0);
     // Every member reduces all of it in the same order: bit-identical replicas. The result
     // goes to a private buffer first, since recv may be some member's send.
     std::vector<std::byte> result(count * elem);
@@ -237,6 +230,15 @@ class SimulatedBackend {
   }
 
   void wait(SimulatedWorld::Meeting& m, const MeshGroup& g) { world_->wait_all(m, g.size); }
+
+  // Every member's send buffer, `offset` bytes in, in group order.
+  static std::vector<const std::byte*> member_sends(const SimulatedWorld::Meeting& m,
+                                                    const MeshGroup& g, std::size_t offset) {
+    std::vector<const std::byte*> parts(static_cast<std::size_t>(g.size));
+    for (std::size_t j = 0; j < parts.size(); ++j)
+      parts[j] = static_cast<const std::byte*>(m.send[j]) + offset;
+    return parts;
+  }
 
   void leave(SimulatedWorld::Meeting& m, const MeshGroup& g, std::int64_t sent,
              std::int64_t received) {

@@ -1,0 +1,29 @@
+#pragma once
+
+// The exhaustive (source, target) matrices the planner and execution tests share: every pair
+// of placements drawn from one list, on one mesh.
+#include <dtensor/dtensor.hpp>
+
+#include <span>
+
+namespace dtensor::testing {
+
+// Calls f(x, y, source, target) for every pair of placement lists on `mesh` whose entries
+// come from `options` (x and y number the lists).
+template <class F>
+void for_each_pair(const DeviceMesh& mesh, std::span<const Placement> options, F&& f) {
+  const int n = static_cast<int>(options.size());
+  int combos = 1;
+  for (int k = 0; k < mesh.ndim(); ++k) combos *= n;
+  for (int x = 0; x < combos; ++x)
+    for (int y = 0; y < combos; ++y) {
+      Placements a, b;
+      for (int k = 0, rx = x, ry = y; k < mesh.ndim(); ++k, rx /= n, ry /= n) {
+        a.push_back(options[static_cast<std::size_t>(rx % n)]);
+        b.push_back(options[static_cast<std::size_t>(ry % n)]);
+      }
+      f(x, y, a, b);
+    }
+}
+
+}  // namespace dtensor::testing
