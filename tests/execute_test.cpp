@@ -329,6 +329,7 @@ TEST_CASE("adjoint plans are transposes: <A x, y> = <x, A^T y>", "[execute][adjo
     for (int x = 0; x < xs; ++x)
       for (int y = 0; y < ys; ++y)
         for (const Shape& shape : shapes) {
+          if ((x * ys + y) % testing::exhaustive_stride() != 0) continue;
           Placements a, b;
           for (int k = 0, rx = x, ry = y; k < m.ndim(); ++k, rx /= 3, ry /= 4) {
             a.push_back(sources[rx % 3]);
