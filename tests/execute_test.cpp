@@ -40,7 +40,10 @@ Global cut(const Global& g, const Box& box) {
 }
 
 // Part `c` of `g` parts of x whose reduction with op is x; distinct and mostly non-zero.
-double part(double x, ReduceOp op, int c, int g) {
+// Unsigned types keep the parts non-negative.
+double part(double x, ReduceOp op, int c, int g, bool non_negative) {
+  if (non_negative && (op == ReduceOp::sum || op == ReduceOp::max)) return c == 0 ? x : 0.0;
+  if (non_negative && op == ReduceOp::avg) return x;
   switch (op) {
     // sum: 1, 2, ..., g-1 and the rest; avg: x + 1, ..., x + g-1 and what brings the mean to x.
     case ReduceOp::sum: return c < g - 1 ? double(c + 1) : x - double((g - 1) * g / 2);
@@ -54,9 +57,11 @@ double part(double x, ReduceOp op, int c, int g) {
 
 // The value rank `coord` holds for global value x under `placements`: Partial dims split it,
 // the innermost first, since reductions run outermost first.
-double held(double x, const Placements& placements, const DeviceMesh& mesh, const MeshCoord& c) {
+double held(double x, const Placements& placements, const DeviceMesh& mesh, const MeshCoord& c,
+            bool non_negative) {
   for (int k = mesh.ndim(); k-- > 0;)
-    if (placements[k].is_partial()) x = part(x, placements[k].reduce_op(), c[k], mesh.size(k));
+    if (placements[k].is_partial())
+      x = part(x, placements[k].reduce_op(), c[k], mesh.size(k), non_negative);
   return x;
 }
 
@@ -89,7 +94,8 @@ Outcome run_case(const Layout& src, const Layout& dst, const PlanOptions& option
     auto& v = in[static_cast<std::size_t>(r)];
     v.resize(static_cast<std::size_t>(block.size()));
     for (Eigen::Index i = 0; i < block.size(); ++i)
-      v[static_cast<std::size_t>(i)] = to_elem<T>(held(block.data()[i], src.placements(), mesh, c));
+      v[static_cast<std::size_t>(i)] =
+          to_elem<T>(held(block.data()[i], src.placements(), mesh, c, std::is_unsigned_v<T>));
     out[static_cast<std::size_t>(r)].assign(static_cast<std::size_t>(dst.local_box(c).numel()),
                                             to_elem<T>(-7));
   }
@@ -253,6 +259,33 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
     });
   }
   fmt::print("global-view oracle: {} runs, {} failed\n", runs, failures);
+  CHECK(failures == 0);
+}
+
+TEST_CASE("the global view in every dtype", "[execute][oracle][dtypes]") {
+  const Placement options[] = {Replicate(),
+                               Shard(0),
+                               Shard(1),
+                               Partial(),
+                               Partial(ReduceOp::max),
+                               Partial(ReduceOp::avg),
+                               Partial(ReduceOp::min)};
+  int runs = 0, failures = 0;
+  for (const DeviceMesh& m : {DeviceMesh({4}), DeviceMesh({2, 2})})
+    testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Shape& shape : {Shape{8, 8}, Shape{5, 7}})
+        for (DType dtype : all_dtypes) {
+          const Outcome o =
+              run_case(dtype, Layout(m, a, shape, dtype), Layout(m, b, shape, dtype), {});
+          ++runs;
+          if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
+            ++failures;
+            if (failures <= 10)
+              FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
+          }
+        }
+    });
+  fmt::print("global-view oracle, every dtype: {} runs, {} failed\n", runs, failures);
   CHECK(failures == 0);
 }
 

@@ -367,13 +367,20 @@ inline void make_partial(const StepContext& c, std::byte* out) {
   });
 }
 
-// S(i) -> P(op): the shard placed in a block of the op's identity.
+// S(i) -> P(op): the shard placed in a block of the op's identity. avg has no identity: the
+// shard goes in scaled by g among zeros, so that the group's average is the value.
 inline void fill_partial(const StepContext& c, const std::byte* cur, std::byte* out) {
   const ReduceOp op = c.step.after[c.step.mesh_dim].reduce_op();
   visit_dtype(c.plan.src().dtype(), [&]<class T>() {
     fill_identity(reinterpret_cast<T*>(out), static_cast<std::size_t>(c.want.numel()), op);
   });
   copy_piece(cur, c.have, out, c.want, c.have, c.elem);
+  if (op != ReduceOp::avg) return;
+  // The rest of the block is 0, so scaling all of it scales just the piece.
+  const int g = c.plan.src().mesh().size(c.step.mesh_dim);
+  visit_dtype(c.plan.src().dtype(), [&]<class T>() {
+    multiply_by(reinterpret_cast<T*>(out), static_cast<std::size_t>(c.want.numel()), g);
+  });
 }
 
 }  // namespace detail

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "backend/simulated.hpp"
@@ -32,8 +33,18 @@ struct Verification {
 
 namespace detail {
 
-// Part `c` of `g` parts of x that reduce to x under op; distinct and mostly non-zero.
-inline double partial_part(double x, ReduceOp op, int c, int g) {
+// Part `c` of `g` parts of x that reduce to x under op; distinct and mostly non-zero. For an
+// unsigned element type the parts stay non-negative: sum and avg then keep x on the first
+// rank (0 or x elsewhere), max puts 0 elsewhere.
+inline double partial_part(double x, ReduceOp op, int c, int g, bool non_negative = false) {
+  if (non_negative) {
+    switch (op) {
+      case ReduceOp::sum: return c == 0 ? x : 0.0;
+      case ReduceOp::avg: return x;
+      case ReduceOp::max: return c == 0 ? x : 0.0;
+      default: break;
+    }
+  }
   switch (op) {
     case ReduceOp::sum: return c < g - 1 ? double(c + 1) : x - double((g - 1) * g / 2);
     case ReduceOp::avg: return c < g - 1 ? x + double(c + 1) : x - double((g - 1) * g / 2);
@@ -79,7 +90,8 @@ std::vector<T> global_view_block(const Layout& layout, int rank) {
     double x = double(linear);
     for (int k = mesh.ndim(); k-- > 0;)
       if (layout.placement(k).is_partial())
-        x = detail::partial_part(x, layout.placement(k).reduce_op(), c[k], mesh.size(k));
+        x = detail::partial_part(x, layout.placement(k).reduce_op(), c[k], mesh.size(k),
+                                 std::is_unsigned_v<T>);
     v[static_cast<std::size_t>(at)] = detail::narrow<T>(static_cast<detail::compute_t<T>>(x));
   });
   return v;

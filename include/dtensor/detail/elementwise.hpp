@@ -150,6 +150,17 @@ void fill_identity(T* out, std::size_t count, ReduceOp op) {
   for (std::size_t i = 0; i < count; ++i) out[i] = v;
 }
 
+// Multiplies `count` elements by `g` (in float for f16 and bf16; integers saturate).
+template <class T>
+void multiply_by(T* data, std::size_t count, int g) {
+  using C = compute_t<T>;
+  for (std::size_t i = 0; i < count; ++i) {
+    C acc = C(0);
+    for (int j = 0; j < g; ++j) acc = add(acc, widen(data[i]));
+    data[i] = narrow<T>(acc);
+  }
+}
+
 // Divides `count` elements by `g` (in float for f16 and bf16).
 template <class T>
 void divide(T* data, std::size_t count, int g) {
