@@ -216,6 +216,16 @@ Outcome run_case(const Layout& src, const Layout& dst, const PlanOptions& option
   return o;
 }
 
+// Counts runs and failures, reporting the first few failures with their case.
+struct Tally {
+  int runs = 0, failures = 0;
+  void add(const Outcome& o, const std::string& what) {
+    ++runs;
+    if (!o.wrong && !o.unequal_replicas && !o.bytes_mismatch) return;
+    if (++failures <= 10) FAIL_CHECK(what + ": " + o.first);
+  }
+};
+
 Outcome run_case(DType dtype, const Layout& src, const Layout& dst, const PlanOptions& options) {
   return detail::visit_dtype(dtype, [&]<class T>() { return run_case<T>(src, dst, options); });
 }
@@ -227,7 +237,7 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
                                DeviceMesh({2, 2, 2})};
   const Shape shapes[] = {{16, 8}, {5, 7}};
-  int runs = 0, failures = 0;
+  Tally tally;
   for (const DeviceMesh& m : meshes) {
     testing::for_each_pair(m, options, [&](int x, int y, const Placements& a, const Placements& b) {
       for (const Shape& shape : shapes) {
@@ -247,19 +257,14 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
           for (const PlanOptions& variant : variants) {
             if (dtype != DType::f32 && variant.padding != Padding::automatic) continue;
             const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
-            const Outcome o = run_case(dtype, src, dst, variant);
-            ++runs;
-            if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
-              ++failures;
-              if (failures <= 10)
-                FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
-            }
+            tally.add(run_case(dtype, src, dst, variant),
+                      fmt::format("{} {} {} {} -> {}", m, shape, dtype, a, b));
           }
       }
     });
   }
-  fmt::print("global-view oracle: {} runs, {} failed\n", runs, failures);
-  CHECK(failures == 0);
+  fmt::print("global-view oracle: {} runs, {} failed\n", tally.runs, tally.failures);
+  CHECK(tally.failures == 0);
 }
 
 TEST_CASE("the global view in every dtype", "[execute][oracle][dtypes]") {
@@ -270,23 +275,17 @@ TEST_CASE("the global view in every dtype", "[execute][oracle][dtypes]") {
                                Partial(ReduceOp::max),
                                Partial(ReduceOp::avg),
                                Partial(ReduceOp::min)};
-  int runs = 0, failures = 0;
+  Tally tally;
   for (const DeviceMesh& m : {DeviceMesh({4}), DeviceMesh({2, 2})})
     testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
       for (const Shape& shape : {Shape{8, 8}, Shape{5, 7}})
         for (DType dtype : all_dtypes) {
-          const Outcome o =
-              run_case(dtype, Layout(m, a, shape, dtype), Layout(m, b, shape, dtype), {});
-          ++runs;
-          if (o.wrong || o.unequal_replicas || o.bytes_mismatch) {
-            ++failures;
-            if (failures <= 10)
-              FAIL_CHECK(fmt::format("{} {} {} {} -> {}: {}", m, shape, dtype, a, b, o.first));
-          }
+          tally.add(run_case(dtype, Layout(m, a, shape, dtype), Layout(m, b, shape, dtype), {}),
+                    fmt::format("{} {} {} {} -> {}", m, shape, dtype, a, b));
         }
     });
-  fmt::print("global-view oracle, every dtype: {} runs, {} failed\n", runs, failures);
-  CHECK(failures == 0);
+  fmt::print("global-view oracle, every dtype: {} runs, {} failed\n", tally.runs, tally.failures);
+  CHECK(tally.failures == 0);
 }
 
 namespace {
