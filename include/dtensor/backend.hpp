@@ -6,6 +6,7 @@
 
 #include "device_mesh.hpp"
 #include "dtype.hpp"
+#include "local_ops.hpp"
 #include "reduce_op.hpp"
 
 // What a backend provides to run plans: one per rank, SPMD. The executor (execute.hpp) calls
@@ -42,6 +43,8 @@ struct RecvMessage {
 //  - exchange: a grouped point-to-point round between global ranks; each send is matched by a
 //    receive of the same size on its peer. Messages to self are allowed.
 // Reductions combine the members' contributions in group-index order.
+// A backend whose memory is not host memory also provides `local_ops()`, the LocalOps
+// (local_ops.hpp) that execute() uses for its packing, filling and staging on that memory.
 template <class B>
 concept Backend = requires(B& b, const B& cb, int mesh_dim, const void* send, void* recv,
                            std::size_t n, DType dtype, ReduceOp op,
@@ -54,6 +57,19 @@ concept Backend = requires(B& b, const B& cb, int mesh_dim, const void* send, vo
   b.all_reduce(mesh_dim, send, recv, n, dtype, op);
   b.all_to_all(mesh_dim, send, recv, n);
   b.exchange(sends, recvs);
-};
+}
+&&(B::memory == MemorySpace::host || requires(B & b) {
+  { b.local_ops() } -> LocalOps;
+});
+
+// The local operations execute() uses with backend `b`: its own where it has them, HostOps
+// otherwise (host memory).
+template <Backend B>
+decltype(auto) local_ops_of(B& b) {
+  if constexpr (requires { b.local_ops(); })
+    return b.local_ops();
+  else
+    return HostOps{};
+}
 
 }  // namespace dtensor

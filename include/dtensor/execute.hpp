@@ -4,13 +4,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "backend.hpp"
-#include "detail/box_copy.hpp"
-#include "detail/elementwise.hpp"
 #include "detail/step_cost.hpp"
 #include "detail/why.hpp"
 #include "errors.hpp"
@@ -18,7 +16,7 @@
 #include "planner.hpp"
 
 // Running a plan on real buffers: every rank calls execute() with its own backend and its
-// blocks of the source and target layouts (row-major, contiguous). Host memory.
+// blocks of the source and target layouts (row-major, contiguous), in the backend's memory.
 namespace dtensor {
 
 namespace detail {
@@ -68,20 +66,6 @@ inline Shape relative(const Box& inner, const Box& outer) {
   return s;
 }
 
-// Staging memory: uninitialised (no pass to zero it) unless asked, since every byte that
-// matters is written before it is read.
-struct Scratch {
-  std::unique_ptr<std::byte[]> bytes;
-  std::size_t size = 0;
-
-  Scratch() = default;
-  explicit Scratch(std::size_t n, bool zero = false)
-      : bytes(zero ? std::make_unique<std::byte[]>(n)
-                   : std::make_unique_for_overwrite<std::byte[]>(n)),
-        size(n) {}
-  std::byte* data() noexcept { return bytes.get(); }
-};
-
 // Whether the pieces of `shape` along dim d are contiguous slabs of a row-major buffer (every
 // dim before d has extent 1), so that a gather or scatter along d needs no block transpose.
 inline bool slabs_along(const Shape& shape, int d) {
@@ -104,10 +88,11 @@ inline int global_rank(const StepContext& c, int j) {
 }
 
 // Copies `piece` (a block of the tensor inside both `from_box` and `to_box`) between buffers.
-inline void copy_piece(const std::byte* from, const Box& from_box, std::byte* to, const Box& to_box,
-                       const Box& piece, std::size_t elem) {
-  copy_box(from, from_box.shape, relative(piece, from_box), to, to_box.shape,
-           relative(piece, to_box), piece.shape, elem);
+template <class Ops>
+void copy_piece(const Ops& ops, const std::byte* from, const Box& from_box, std::byte* to,
+                const Box& to_box, const Box& piece, std::size_t elem) {
+  ops.copy_box(from, from_box.shape, relative(piece, from_box), to, to_box.shape,
+               relative(piece, to_box), piece.shape, elem);
 }
 
 // The padded piece shape: `box` with each listed dim widened to the group's largest piece.
@@ -117,237 +102,239 @@ inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64
   return shape;
 }
 
-// Each run_* performs one step and returns the bytes of staging it allocated.
-template <class B>
-std::size_t run_all_gather(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+// Each run_* performs one step on `ops`'s memory and returns the bytes of staging it allocated.
+template <class B, class Ops>
+std::size_t run_all_gather(B& backend, const Ops& ops, const StepContext& c, const std::byte* cur,
+                           std::byte* out) {
   const int k = c.step.mesh_dim, i = c.step.before[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const bool even = c.even;
+  const Shape origin(c.have.shape.size(), 0);
   if (even || c.step.padded) {
-    Box piece{Shape(c.have.shape.size(), 0), padded_shape(c, c.have.shape, i, c.want.shape[i])};
-    const std::size_t piece_bytes = bytes_of(piece, c.elem);
-    const bool exact = piece.shape == c.have.shape;
+    const Shape piece = padded_shape(c, c.have.shape, i, c.want.shape[i]);
+    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
+    const bool exact = piece == c.have.shape;
     // Zero-copy: send the block as it is when it is a whole piece; receive straight into the
     // target when every member's piece is whole (even) and they stack as slabs of it.
     const bool direct = even && slabs_along(c.want.shape, i);
-    Scratch send(exact ? 0 : piece_bytes, true);
-    Scratch recv(direct ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    auto send = ops.allocate(exact ? 0 : piece_bytes, true);
+    auto recv = ops.allocate(direct ? 0 : piece_bytes * static_cast<std::size_t>(g));
     if (!exact)
-      copy_box(cur, c.have.shape, Shape(c.have.shape.size(), 0), send.data(), piece.shape,
-               Shape(c.have.shape.size(), 0), c.have.shape, c.elem);
+      ops.copy_box(cur, c.have.shape, origin, send.data(), piece, origin, c.have.shape, c.elem);
     backend.all_gather(k, exact ? cur : send.data(), direct ? out : recv.data(), piece_bytes);
     for (int j = 0; j < g && !direct; ++j) {
       const Box bj = member_box(c, c.before, j);
-      copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece.shape,
-               Shape(piece.shape.size(), 0), out, c.want.shape, relative(bj, c.want), bj.shape,
-               c.elem);
+      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
+                   c.want.shape, relative(bj, c.want), bj.shape, c.elem);
     }
-    return send.size + recv.size;
+    return send.size() + recv.size();
   }
-  std::vector<std::vector<std::byte>> staging(static_cast<std::size_t>(g));
+  // Exact: every member's block, whatever its size, in one point-to-point round.
+  std::vector<std::size_t> at(static_cast<std::size_t>(g) + 1, 0);
+  for (int j = 0; j < g; ++j)
+    at[static_cast<std::size_t>(j) + 1] =
+        at[static_cast<std::size_t>(j)] +
+        (j == me ? 0 : bytes_of(member_box(c, c.before, j), c.elem));
+  auto staging = ops.allocate(at.back());
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   for (int j = 0; j < g; ++j) {
     if (j == me) continue;
-    const Box bj = member_box(c, c.before, j);
-    staging[static_cast<std::size_t>(j)].resize(bytes_of(bj, c.elem));
+    const auto u = static_cast<std::size_t>(j);
     if (!c.have.empty()) sends.push_back({global_rank(c, j), cur, bytes_of(c.have, c.elem)});
-    if (!bj.empty())
-      recvs.push_back(
-          {global_rank(c, j), staging[static_cast<std::size_t>(j)].data(), bytes_of(bj, c.elem)});
+    if (at[u + 1] > at[u])
+      recvs.push_back({global_rank(c, j), staging.data() + at[u], at[u + 1] - at[u]});
   }
   backend.exchange(sends, recvs);
   for (int j = 0; j < g; ++j) {
     const Box bj = member_box(c, c.before, j);
-    const std::byte* from = j == me ? cur : staging[static_cast<std::size_t>(j)].data();
-    copy_piece(from, bj, out, c.want, bj, c.elem);
+    const std::byte* from = j == me ? cur : staging.data() + at[static_cast<std::size_t>(j)];
+    copy_piece(ops, from, bj, out, c.want, bj, c.elem);
   }
-  std::size_t staged = 0;
-  for (const auto& v : staging) staged += v.size();
-  return staged;
+  return staging.size();
 }
 
-template <class B>
-std::size_t run_reduce_scatter(B& backend, const StepContext& c, const std::byte* cur,
-                               std::byte* out) {
+template <class B, class Ops>
+std::size_t run_reduce_scatter(B& backend, const Ops& ops, const StepContext& c,
+                               const std::byte* cur, std::byte* out) {
   const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const ReduceOp op = c.step.before[k].reduce_op();
   const DType dtype = c.plan.src().dtype();
   const bool even = c.even;
+  const Shape origin(c.want.shape.size(), 0);
   if (even || c.step.padded) {
     const Shape piece = padded_shape(c, c.want.shape, j_dim, c.have.shape[j_dim]);
-    const Box piece_box{Shape(piece.size(), 0), piece};
+    const Box piece_box{origin, piece};
     const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
     const bool exact = piece == c.want.shape;
     // Zero-copy: send the block itself when the group is even and its pieces are slabs of it;
     // receive into the target when this member's piece needs no padding.
     const bool direct_send = even && slabs_along(c.have.shape, j_dim);
-    Scratch send(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !exact);
-    Scratch recv(exact ? 0 : piece_bytes);
+    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !exact);
+    auto recv = ops.allocate(exact ? 0 : piece_bytes);
     for (int j = 0; j < g && !direct_send; ++j) {
       const Box aj = member_box(c, c.after, j);
-      copy_box(cur, c.have.shape, relative(aj, c.have),
-               send.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
-               Shape(piece.size(), 0), aj.shape, c.elem);
+      ops.copy_box(cur, c.have.shape, relative(aj, c.have),
+                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, aj.shape,
+                   c.elem);
     }
     backend.reduce_scatter(k, direct_send ? cur : send.data(), exact ? out : recv.data(),
                            static_cast<std::size_t>(piece_box.numel()), dtype, op);
     if (!exact)
-      copy_box(recv.data(), piece, Shape(piece.size(), 0), out, c.want.shape,
-               Shape(piece.size(), 0), c.want.shape, c.elem);
-    return send.size + recv.size;
+      ops.copy_box(recv.data(), piece, origin, out, c.want.shape, origin, c.want.shape, c.elem);
+    return send.size() + recv.size();
   }
   // Exact: each member sends every other member its partial of that member's piece, then
   // reduces the g partials of its own piece in group order.
   const std::size_t own_bytes = bytes_of(c.want, c.elem);
-  std::vector<std::vector<std::byte>> packed(static_cast<std::size_t>(g));
-  std::vector<std::byte> partials(own_bytes * static_cast<std::size_t>(g));
+  std::vector<std::size_t> at(static_cast<std::size_t>(g) + 1, 0);
+  for (int j = 0; j < g; ++j)
+    at[static_cast<std::size_t>(j) + 1] =
+        at[static_cast<std::size_t>(j)] +
+        (j == me ? 0 : bytes_of(member_box(c, c.after, j), c.elem));
+  auto packed = ops.allocate(at.back());
+  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(g));
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
+  std::vector<const void*> parts(static_cast<std::size_t>(g));
   for (int j = 0; j < g; ++j) {
-    const Box aj = member_box(c, c.after, j);
-    auto& buf = packed[static_cast<std::size_t>(j)];
-    buf.resize(bytes_of(aj, c.elem));
-    copy_piece(cur, c.have, buf.data(), aj, aj, c.elem);
+    const auto u = static_cast<std::size_t>(j);
+    parts[u] = partials.data() + u * own_bytes;
     if (j == me) {
-      if (own_bytes)
-        std::memcpy(partials.data() + static_cast<std::size_t>(j) * own_bytes, buf.data(),
-                    own_bytes);
+      copy_piece(ops, cur, c.have, partials.data() + u * own_bytes, c.want, c.want, c.elem);
       continue;
     }
-    if (!aj.empty()) sends.push_back({global_rank(c, j), buf.data(), buf.size()});
-    if (own_bytes)
-      recvs.push_back({global_rank(c, j), partials.data() + static_cast<std::size_t>(j) * own_bytes,
-                       own_bytes});
+    const Box aj = member_box(c, c.after, j);
+    copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
+    if (!aj.empty()) sends.push_back({global_rank(c, j), packed.data() + at[u], at[u + 1] - at[u]});
+    if (own_bytes) recvs.push_back({global_rank(c, j), partials.data() + u * own_bytes, own_bytes});
   }
   backend.exchange(sends, recvs);
-  visit_dtype(dtype, [&]<class T>() {
-    std::vector<const T*> parts(static_cast<std::size_t>(g));
-    for (int j = 0; j < g; ++j)
-      parts[static_cast<std::size_t>(j)] =
-          reinterpret_cast<const T*>(partials.data() + static_cast<std::size_t>(j) * own_bytes);
-    reduce_into(reinterpret_cast<T*>(out), parts.data(), g,
-                static_cast<std::size_t>(c.want.numel()), op);
-  });
-  std::size_t staged = partials.size();
-  for (const auto& v : packed) staged += v.size();
-  return staged;
+  ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
+  return packed.size() + partials.size();
 }
 
-template <class B>
-std::size_t run_all_to_all(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+template <class B, class Ops>
+std::size_t run_all_to_all(B& backend, const Ops& ops, const StepContext& c, const std::byte* cur,
+                           std::byte* out) {
   const int k = c.step.mesh_dim;
   const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const bool even = c.even;
+  const Shape origin(c.have.shape.size(), 0);
   if (even || c.step.padded) {
     Shape piece = c.have.shape;
     piece = padded_shape(c, piece, i, c.want.shape[i]);
     piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
-    const Box piece_box{Shape(piece.size(), 0), piece};
-    const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
+    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
     // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
     // (receive).
     const bool direct_send = even && slabs_along(c.have.shape, j_dim);
     const bool direct_recv = even && slabs_along(c.want.shape, i);
-    Scratch send(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
-    Scratch recv(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
+    auto recv = ops.allocate(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
     for (int j = 0; j < g && !direct_send; ++j) {
       const Box part = intersect(c.have, member_box(c, c.after, j));
-      copy_box(cur, c.have.shape, relative(part, c.have),
-               send.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
-               Shape(piece.size(), 0), part.shape, c.elem);
+      ops.copy_box(cur, c.have.shape, relative(part, c.have),
+                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin,
+                   part.shape, c.elem);
     }
     backend.all_to_all(k, direct_send ? cur : send.data(), direct_recv ? out : recv.data(),
                        piece_bytes);
     for (int j = 0; j < g && !direct_recv; ++j) {
       const Box part = intersect(member_box(c, c.before, j), c.want);
-      copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece,
-               Shape(piece.size(), 0), out, c.want.shape, relative(part, c.want), part.shape,
-               c.elem);
+      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
+                   c.want.shape, relative(part, c.want), part.shape, c.elem);
     }
-    return send.size + recv.size;
+    return send.size() + recv.size();
   }
-  std::vector<std::vector<std::byte>> packed(static_cast<std::size_t>(g)),
-      staging(static_cast<std::size_t>(g));
+  // Exact: what each member sends packed at its offset, what it receives staged at another.
+  std::vector<std::size_t> send_at(static_cast<std::size_t>(g) + 1, 0),
+      recv_at(static_cast<std::size_t>(g) + 1, 0);
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    const bool self = j == me;
+    send_at[u + 1] =
+        send_at[u] + (self ? 0 : bytes_of(intersect(c.have, member_box(c, c.after, j)), c.elem));
+    recv_at[u + 1] =
+        recv_at[u] + (self ? 0 : bytes_of(intersect(member_box(c, c.before, j), c.want), c.elem));
+  }
+  auto packed = ops.allocate(send_at.back());
+  auto staging = ops.allocate(recv_at.back());
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
     const Box to_j = intersect(c.have, member_box(c, c.after, j));
-    const Box from_j = intersect(member_box(c, c.before, j), c.want);
     if (j == me) {
-      copy_piece(cur, c.have, out, c.want, to_j, c.elem);
+      copy_piece(ops, cur, c.have, out, c.want, to_j, c.elem);
       continue;
     }
-    auto& p = packed[static_cast<std::size_t>(j)];
-    p.resize(bytes_of(to_j, c.elem));
-    copy_piece(cur, c.have, p.data(), to_j, to_j, c.elem);
-    if (!p.empty()) sends.push_back({global_rank(c, j), p.data(), p.size()});
-    auto& s = staging[static_cast<std::size_t>(j)];
-    s.resize(bytes_of(from_j, c.elem));
-    if (!s.empty()) recvs.push_back({global_rank(c, j), s.data(), s.size()});
+    copy_piece(ops, cur, c.have, packed.data() + send_at[u], to_j, to_j, c.elem);
+    if (send_at[u + 1] > send_at[u])
+      sends.push_back({global_rank(c, j), packed.data() + send_at[u], send_at[u + 1] - send_at[u]});
+    if (recv_at[u + 1] > recv_at[u])
+      recvs.push_back(
+          {global_rank(c, j), staging.data() + recv_at[u], recv_at[u + 1] - recv_at[u]});
   }
   backend.exchange(sends, recvs);
   for (int j = 0; j < g; ++j) {
     if (j == me) continue;
     const Box from_j = intersect(member_box(c, c.before, j), c.want);
-    copy_piece(staging[static_cast<std::size_t>(j)].data(), from_j, out, c.want, from_j, c.elem);
+    copy_piece(ops, staging.data() + recv_at[static_cast<std::size_t>(j)], from_j, out, c.want,
+               from_j, c.elem);
   }
-  std::size_t staged = 0;
-  for (const auto& v : packed) staged += v.size();
-  for (const auto& v : staging) staged += v.size();
-  return staged;
+  return packed.size() + staging.size();
 }
 
-template <class B>
-std::size_t run_exchange(B& backend, const StepContext& c, const std::byte* cur, std::byte* out) {
+template <class B, class Ops>
+std::size_t run_exchange(B& backend, const Ops& ops, const StepContext& c, const std::byte* cur,
+                         std::byte* out) {
   const Layout& base = c.plan.src();
   const DeviceMesh& mesh = base.mesh();
-  std::vector<std::vector<std::byte>> packed, staging;
-  std::vector<Box> staged_boxes;
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
+  // Pieces to other ranks packed one after another, pieces from them staged the same way.
+  struct Piece {
+    int peer;
+    Box box;
+    std::size_t at;
+  };
+  std::vector<Piece> outgoing, incoming;
+  std::size_t send_bytes = 0, recv_bytes = 0;
   for_each_exchange_target(base, c.step.before, c.step.after, c.me,
                            [&](const MeshCoord& receiver, const Box& piece) {
                              if (receiver == c.me) return;
-                             packed.emplace_back(bytes_of(piece, c.elem));
-                             copy_piece(cur, c.have, packed.back().data(), piece, piece, c.elem);
+                             outgoing.push_back({mesh.rank(receiver), piece, send_bytes});
+                             send_bytes += bytes_of(piece, c.elem);
                            });
   for_each_exchange_source(base, c.step.before, c.step.after, c.me,
                            [&](const MeshCoord& source, const Box& piece) {
                              if (source == c.me) {
-                               copy_piece(cur, c.have, out, c.want, piece, c.elem);
+                               copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
                                return;
                              }
-                             staging.emplace_back(bytes_of(piece, c.elem));
-                             staged_boxes.push_back(piece);
+                             incoming.push_back({mesh.rank(source), piece, recv_bytes});
+                             recv_bytes += bytes_of(piece, c.elem);
                            });
-  std::size_t p = 0;
-  for_each_exchange_target(
-      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& receiver, const Box&) {
-        if (receiver == c.me) return;
-        sends.push_back({mesh.rank(receiver), packed[p].data(), packed[p].size()});
-        ++p;
-      });
-  std::size_t s = 0;
-  for_each_exchange_source(
-      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& source, const Box&) {
-        if (source == c.me) return;
-        recvs.push_back({mesh.rank(source), staging[s].data(), staging[s].size()});
-        ++s;
-      });
+  auto packed = ops.allocate(send_bytes);
+  auto staging = ops.allocate(recv_bytes);
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for (const Piece& p : outgoing) {
+    copy_piece(ops, cur, c.have, packed.data() + p.at, p.box, p.box, c.elem);
+    sends.push_back({p.peer, packed.data() + p.at, bytes_of(p.box, c.elem)});
+  }
+  for (const Piece& p : incoming)
+    recvs.push_back({p.peer, staging.data() + p.at, bytes_of(p.box, c.elem)});
   backend.exchange(sends, recvs);
-  for (std::size_t r = 0; r < staging.size(); ++r)
-    copy_piece(staging[r].data(), staged_boxes[r], out, c.want, staged_boxes[r], c.elem);
-  std::size_t staged = 0;
-  for (const auto& v : packed) staged += v.size();
-  for (const auto& v : staging) staged += v.size();
-  return staged;
+  for (const Piece& p : incoming)
+    copy_piece(ops, staging.data() + p.at, p.box, out, c.want, p.box, c.elem);
+  return packed.size() + staging.size();
 }
 
 // R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
-inline void make_partial(const StepContext& c, std::byte* out) {
+template <class Ops>
+void make_partial(const Ops& ops, const StepContext& c, std::byte* out) {
   const int k = c.step.mesh_dim;
   const ReduceOp op = c.step.after[k].reduce_op();
   const int g = c.plan.src().mesh().size(k);
@@ -357,30 +344,25 @@ inline void make_partial(const StepContext& c, std::byte* out) {
       op == ReduceOp::product || (op == ReduceOp::sum && (c.plan.options().partial_from_replicate ==
                                                               PartialFromReplicate::keep_one ||
                                                           !is_floating(dtype)));
-  visit_dtype(dtype, [&]<class T>() {
-    T* data = reinterpret_cast<T*>(out);
-    if (keep_one) {
-      if (c.me[k] != 0) fill_identity(data, count, op);
-    } else if (op == ReduceOp::sum) {
-      divide(data, count, g);
-    }
-  });
+  if (keep_one) {
+    if (c.me[k] != 0) ops.fill_identity(dtype, out, count, op);
+  } else if (op == ReduceOp::sum) {
+    ops.divide(dtype, out, count, g);
+  }
 }
 
 // S(i) -> P(op): the shard placed in a block of the op's identity. avg has no identity: the
 // shard goes in scaled by g among zeros, so that the group's average is the value.
-inline void fill_partial(const StepContext& c, const std::byte* cur, std::byte* out) {
+template <class Ops>
+void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, std::byte* out) {
   const ReduceOp op = c.step.after[c.step.mesh_dim].reduce_op();
-  visit_dtype(c.plan.src().dtype(), [&]<class T>() {
-    fill_identity(reinterpret_cast<T*>(out), static_cast<std::size_t>(c.want.numel()), op);
-  });
-  copy_piece(cur, c.have, out, c.want, c.have, c.elem);
-  if (op != ReduceOp::avg) return;
+  const DType dtype = c.plan.src().dtype();
+  const auto count = static_cast<std::size_t>(c.want.numel());
+  ops.fill_identity(dtype, out, count, op);
+  copy_piece(ops, cur, c.have, out, c.want, c.have, c.elem);
   // The rest of the block is 0, so scaling all of it scales just the piece.
-  const int g = c.plan.src().mesh().size(c.step.mesh_dim);
-  visit_dtype(c.plan.src().dtype(), [&]<class T>() {
-    multiply_by(reinterpret_cast<T*>(out), static_cast<std::size_t>(c.want.numel()), g);
-  });
+  if (op == ReduceOp::avg)
+    ops.multiply(dtype, out, count, c.plan.src().mesh().size(c.step.mesh_dim));
 }
 
 }  // namespace detail
@@ -421,7 +403,7 @@ inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const Me
       // its own; all-to-all packs what it sends and stages what it receives.
       const RankBytes b = step_rank_bytes(plan, i, base.mesh().rank(me));
       if (gather) return b.recv;
-      if (scatter) return b.send + want.numel() * elem * (g + 1);
+      if (scatter) return b.send + want.numel() * elem * g;
       return b.send + b.recv;
     }
     case StepKind::exchange: {
@@ -466,13 +448,14 @@ struct ExecuteStats {
 };
 
 // Runs `plan` on this rank (backend.rank()): reads its block of plan.src() from `src` and writes
-// its block of plan.dst() to `dst` (row-major, contiguous, host memory). `src_bytes` and
-// `dst_bytes` are the buffers' sizes, checked against the blocks. The source is never written.
-// Every rank of the mesh must call this with the same plan.
+// its block of plan.dst() to `dst` (row-major, contiguous, in the backend's memory space: host
+// memory, or device memory for a device backend, whose work is then ordered on its stream).
+// `src_bytes` and `dst_bytes` are the buffers' sizes, checked against the blocks. The source is
+// never written; `src` and `dst` do not overlap. Every rank of the mesh must call this with the
+// same plan.
 template <Backend B>
 void execute(const Plan& plan, B& backend, const void* src, std::size_t src_bytes, void* dst,
              std::size_t dst_bytes, ExecuteStats* stats = nullptr) {
-  static_assert(B::memory == MemorySpace::host, "dtensor::execute runs on host memory");
   if (!(backend.mesh() == plan.src().mesh()))
     detail::fail<detail::why::backend_mesh_mismatch>(backend.mesh().shape(),
                                                      plan.src().mesh().shape());
@@ -486,13 +469,15 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
   if (dst_bytes < need_dst)
     detail::fail<detail::why::buffer_too_small>("target", dst_bytes, rank, need_dst);
 
+  const auto& ops = local_ops_of(backend);
   if (plan.empty()) {
-    if (need_dst && dst != src) std::memmove(dst, src, need_dst);
+    if (need_dst && dst != src) ops.copy(dst, src, need_dst);
     return;
   }
   const auto* cur = static_cast<const std::byte*>(src);
   // Blocks between steps, reused: each grows to the largest block it holds.
-  detail::Scratch buffers[2];
+  using Buffer = std::remove_cvref_t<decltype(ops.allocate(0))>;
+  Buffer buffers[2];
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const Step& step = plan[i];
     const detail::StepContext c{plan,
@@ -509,9 +494,9 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
     if (last) {
       out = static_cast<std::byte*>(dst);
     } else {
-      detail::Scratch& next = buffers[i % 2];
-      if (next.size < detail::bytes_of(c.want, elem))
-        next = detail::Scratch(detail::bytes_of(c.want, elem));
+      Buffer& next = buffers[i % 2];
+      if (next.size() < detail::bytes_of(c.want, elem))
+        next = ops.allocate(detail::bytes_of(c.want, elem));
       out = next.data();
     }
     std::size_t staged = 0;
@@ -519,26 +504,26 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
       case StepKind::identity:
       case StepKind::chunk:
         // An identity step's group is one rank: its block is unchanged.
-        detail::copy_piece(cur, c.have, out, c.want, c.want, elem);
+        detail::copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
         break;
       case StepKind::scale:
-        if (c.want.numel()) std::memcpy(out, cur, detail::bytes_of(c.want, elem));
-        detail::make_partial(c, out);
+        ops.copy(out, cur, detail::bytes_of(c.want, elem));
+        detail::make_partial(ops, c, out);
         break;
-      case StepKind::fill: detail::fill_partial(c, cur, out); break;
-      case StepKind::all_gather: staged = detail::run_all_gather(backend, c, cur, out); break;
+      case StepKind::fill: detail::fill_partial(ops, c, cur, out); break;
+      case StepKind::all_gather: staged = detail::run_all_gather(backend, ops, c, cur, out); break;
       case StepKind::reduce_scatter:
-        staged = detail::run_reduce_scatter(backend, c, cur, out);
+        staged = detail::run_reduce_scatter(backend, ops, c, cur, out);
         break;
       case StepKind::all_reduce:
         backend.all_reduce(step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
                            plan.src().dtype(), step.before[step.mesh_dim].reduce_op());
         break;
-      case StepKind::all_to_all: staged = detail::run_all_to_all(backend, c, cur, out); break;
-      case StepKind::exchange: staged = detail::run_exchange(backend, c, cur, out); break;
+      case StepKind::all_to_all: staged = detail::run_all_to_all(backend, ops, c, cur, out); break;
+      case StepKind::exchange: staged = detail::run_exchange(backend, ops, c, cur, out); break;
     }
     if (stats != nullptr) {
-      const auto held = static_cast<std::int64_t>(buffers[0].size + buffers[1].size + staged);
+      const auto held = static_cast<std::int64_t>(buffers[0].size() + buffers[1].size() + staged);
       stats->scratch_peak_bytes = std::max(stats->scratch_peak_bytes, held);
     }
     cur = out;

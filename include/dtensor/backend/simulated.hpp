@@ -1,36 +1,61 @@
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstddef>
-#include <cstring>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <span>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "../backend.hpp"
-#include "../detail/elementwise.hpp"
 #include "../device_mesh.hpp"
 #include "../errors.hpp"
 #include "../layout.hpp"
+#include "../local_ops.hpp"
 #include "../plan.hpp"
 
-// Every rank of a mesh inside one process, each on its own thread, on host memory. Collectives
-// meet at a rendezvous of their group; reductions combine in group-index order, so results are
+// Every rank of a mesh inside one process, each on its own thread. Collectives meet at a
+// rendezvous of their group; reductions combine in group-index order, so results are
 // deterministic and replicas bit-identical. Counts the bytes each rank sends and receives, by
 // the same ring-algorithm convention the planner uses. The reference backend for tests.
+//
+// The memory the ranks' buffers live in is a "lane" per rank: its LocalOps, and fences that
+// order one rank's work after another's. SimulatedWorld uses host memory (no fences needed);
+// backend/simulated_device.cuh puts every rank on one GPU, each with its own stream.
 namespace dtensor {
 
-class SimulatedBackend;
+namespace detail {
+
+// A simulated rank on host memory: work is done when the call returns, so fences are empty.
+struct HostLane {
+  static constexpr MemorySpace memory = MemorySpace::host;
+  explicit HostLane(int /*rank index*/) {}
+  [[nodiscard]] HostOps ops() const noexcept { return {}; }
+  // A token for the work this rank has issued so far, for the others to wait on.
+  [[nodiscard]] const void* publish(int /*phase*/) noexcept { return nullptr; }
+  // Orders this rank's later work after the work behind another rank's token.
+  void await(const void* /*token*/) noexcept {}
+  // Waits for all of this rank's work; called when the rank's function returns.
+  void finish() {}
+};
+
+}  // namespace detail
+
+template <class Lane>
+class BasicSimulatedBackend;
 
 // The shared state of one simulated mesh: rendezvous, byte counters, and the abort flag that
 // turns one rank's error into an error on every rank instead of a hang.
-class SimulatedWorld {
+template <class Lane>
+class BasicSimulatedWorld {
  public:
-  explicit SimulatedWorld(const DeviceMesh& mesh)
+  explicit BasicSimulatedWorld(const DeviceMesh& mesh)
       : mesh_(mesh), bytes_(static_cast<std::size_t>(mesh.size())) {}
 
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
@@ -50,21 +75,25 @@ class SimulatedWorld {
     collectives_ = 0;
   }
 
-  // Runs f(backend) for every rank of the mesh, each on its own thread, and waits for all.
-  // The first error of any rank aborts the others and is rethrown here.
+  // Runs f(backend) for every rank of the mesh, each on its own thread, and waits for all
+  // (and, on a device lane, for all their work on the device). The first error of any rank
+  // aborts the others and is rethrown here.
   template <class F>
   void run(F&& f);
 
  private:
-  friend class SimulatedBackend;
+  friend class BasicSimulatedBackend<Lane>;
 
-  // One rendezvous point: the members of a group deposit their arguments, wait for each
-  // other, work, and wait again before their buffers may change.
+  // One rendezvous point: the members of a group deposit their arguments and a fence token,
+  // wait for each other, work, and meet again before their buffers may change. Three fence
+  // phases (enter, middle, leave), so that a member one meeting ahead never overwrites a token
+  // another member has yet to read.
   struct Meeting {
     std::vector<const void*> send;
     std::vector<void*> recv;
     std::vector<std::size_t> size;
     std::vector<std::vector<SendMessage>> messages;
+    std::array<std::vector<const void*>, 3> fence;
     int arrived = 0;
     std::uint64_t generation = 0;
   };
@@ -72,11 +101,13 @@ class SimulatedWorld {
   Meeting& meeting(int mesh_dim, int first_rank, int members) {
     std::lock_guard lock(mutex_);
     Meeting& m = meetings_[{mesh_dim, first_rank}];
-    if (m.send.size() != static_cast<std::size_t>(members)) {
-      m.send.resize(static_cast<std::size_t>(members));
-      m.recv.resize(static_cast<std::size_t>(members));
-      m.size.resize(static_cast<std::size_t>(members));
-      m.messages.resize(static_cast<std::size_t>(members));
+    const auto n = static_cast<std::size_t>(members);
+    if (m.send.size() != n) {
+      m.send.resize(n);
+      m.recv.resize(n);
+      m.size.resize(n);
+      m.messages.resize(n);
+      for (auto& f : m.fence) f.resize(n);
     }
     return m;
   }
@@ -117,22 +148,30 @@ class SimulatedWorld {
   bool aborted_ = false;
 };
 
-// One rank's view of a SimulatedWorld; satisfies Backend.
-class SimulatedBackend {
- public:
-  static constexpr MemorySpace memory = MemorySpace::host;
+// One rank's view of a BasicSimulatedWorld; satisfies Backend.
+template <class Lane>
+class BasicSimulatedBackend {
+  using World = BasicSimulatedWorld<Lane>;
+  using Meeting = typename World::Meeting;
 
-  SimulatedBackend(SimulatedWorld& world, int rank) : world_(&world), rank_(rank) {}
+ public:
+  static constexpr MemorySpace memory = Lane::memory;
+
+  BasicSimulatedBackend(World& world, Lane& lane, int rank)
+      : world_(&world), lane_(&lane), rank_(rank) {}
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return world_->mesh(); }
+  // This rank's lane (its stream, on a device lane) and its local operations.
+  [[nodiscard]] Lane& lane() const noexcept { return *lane_; }
+  [[nodiscard]] decltype(auto) local_ops() const { return lane_->ops(); }
 
   void all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
-    auto& m = enter(g, mesh_dim, send, recv, bytes);
+    Meeting& m = enter(g, mesh_dim, send, recv, bytes);
     for (int j = 0; j < g.size && bytes > 0; ++j)
-      std::memcpy(static_cast<std::byte*>(recv) + j * bytes, m.send[static_cast<std::size_t>(j)],
-                  bytes);
+      local_ops().copy(static_cast<std::byte*>(recv) + j * bytes,
+                       m.send[static_cast<std::size_t>(j)], bytes);
     const auto moved = static_cast<std::int64_t>((g.size - 1) * bytes);
     leave(m, g, moved, moved);
   }
@@ -140,10 +179,11 @@ class SimulatedBackend {
   void reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                       ReduceOp op) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
-    auto& m = enter(g, mesh_dim, send, recv, count);
+    Meeting& m = enter(g, mesh_dim, send, recv, count);
     const std::size_t elem = size_of(dtype);
-    reduce(recv, member_sends(m, g, static_cast<std::size_t>(g.index) * count * elem), count, dtype,
-           op);
+    local_ops().reduce(dtype, recv,
+                       member_sends(m, g, static_cast<std::size_t>(g.index) * count * elem), count,
+                       op);
     const auto moved = static_cast<std::int64_t>((g.size - 1) * count * elem);
     leave(m, g, moved, moved);
   }
@@ -151,15 +191,14 @@ class SimulatedBackend {
   void all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                   ReduceOp op) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
-    auto& m = enter(g, mesh_dim, send, recv, count);
+    Meeting& m = enter(g, mesh_dim, send, recv, count);
     const std::size_t elem = size_of(dtype);
-    const std::vector<const std::byte*> parts = member_sends(m, g, 0);
     // Every member reduces all of it in the same order: bit-identical replicas. The result
     // goes to a private buffer first, since recv may be some member's send.
-    std::vector<std::byte> result(count * elem);
-    reduce(result.data(), parts, count, dtype, op);
-    wait(m, g);
-    if (count) std::memcpy(recv, result.data(), count * elem);
+    auto result = local_ops().allocate(count * elem);
+    local_ops().reduce(dtype, result.data(), member_sends(m, g, 0), count, op);
+    sync(m, g, 1);
+    local_ops().copy(recv, result.data(), count * elem);
     // Ring convention: a reduce-scatter of g balanced pieces, then an all-gather of them.
     const auto piece = static_cast<std::int64_t>(
         chunk_range(static_cast<std::int64_t>(count), g.size, g.index, ChunkPolicy::balanced).size);
@@ -171,12 +210,12 @@ class SimulatedBackend {
 
   void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
-    auto& m = enter(g, mesh_dim, send, recv, bytes);
+    Meeting& m = enter(g, mesh_dim, send, recv, bytes);
     for (int j = 0; j < g.size && bytes > 0; ++j)
-      std::memcpy(static_cast<std::byte*>(recv) + j * bytes,
-                  static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
-                      static_cast<std::size_t>(g.index) * bytes,
-                  bytes);
+      local_ops().copy(static_cast<std::byte*>(recv) + j * bytes,
+                       static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
+                           static_cast<std::size_t>(g.index) * bytes,
+                       bytes);
     const auto moved = static_cast<std::int64_t>((g.size - 1) * bytes);
     leave(m, g, moved, moved);
   }
@@ -185,9 +224,10 @@ class SimulatedBackend {
     const DeviceMesh& mesh = this->mesh();
     const int n = mesh.size();
     const auto me = static_cast<std::size_t>(mesh.index_of(rank_));
-    SimulatedWorld::Meeting& m = world_->meeting(-1, mesh.first_rank(), n);
+    const MeshGroup all{mesh.first_rank(), 1, n, static_cast<int>(me)};
+    Meeting& m = world_->meeting(-1, mesh.first_rank(), n);
     m.messages[me].assign(sends.begin(), sends.end());
-    world_->wait_all(m, n);
+    sync(m, all, 0);
     std::int64_t sent = 0, received = 0;
     for (const SendMessage& s : sends)
       if (s.peer != rank_) sent += static_cast<std::int64_t>(s.bytes);
@@ -202,22 +242,31 @@ class SimulatedBackend {
                     std::to_string(r.bytes) + " bytes from rank " + std::to_string(r.peer) +
                     ", which sends no such message");
       }
-      if (r.bytes) std::memcpy(r.data, match->data, r.bytes);
+      local_ops().copy(r.data, match->data, r.bytes);
       if (r.peer != rank_) received += static_cast<std::int64_t>(r.bytes);
     }
-    world_->wait_all(m, n);
+    sync(m, all, 2);
     world_->count(rank_, sent, received, me == 0);
   }
 
  private:
-  SimulatedWorld::Meeting& enter(const MeshGroup& g, int mesh_dim, const void* send, void* recv,
-                                 std::size_t size) {
-    SimulatedWorld::Meeting& m = world_->meeting(mesh_dim, g.first, g.size);
+  // Meets the group: deposits this rank's fence token for `phase`, waits for every member, and
+  // orders this rank's later work after everything the members issued before meeting.
+  void sync(Meeting& m, const MeshGroup& g, int phase) {
+    auto& tokens = m.fence[static_cast<std::size_t>(phase)];
+    tokens[static_cast<std::size_t>(g.index)] = lane_->publish(phase);
+    world_->wait_all(m, g.size);
+    for (int j = 0; j < g.size; ++j)
+      if (j != g.index) lane_->await(tokens[static_cast<std::size_t>(j)]);
+  }
+
+  Meeting& enter(const MeshGroup& g, int mesh_dim, const void* send, void* recv, std::size_t size) {
+    Meeting& m = world_->meeting(mesh_dim, g.first, g.size);
     const auto i = static_cast<std::size_t>(g.index);
     m.send[i] = send;
     m.recv[i] = recv;
     m.size[i] = size;
-    world_->wait_all(m, g.size);
+    sync(m, g, 0);
     for (int j = 0; j < g.size; ++j) {
       if (m.size[static_cast<std::size_t>(j)] != size) {
         world_->abort();
@@ -229,38 +278,28 @@ class SimulatedBackend {
     return m;
   }
 
-  void wait(SimulatedWorld::Meeting& m, const MeshGroup& g) { world_->wait_all(m, g.size); }
-
   // Every member's send buffer, `offset` bytes in, in group order.
-  static std::vector<const std::byte*> member_sends(const SimulatedWorld::Meeting& m,
-                                                    const MeshGroup& g, std::size_t offset) {
-    std::vector<const std::byte*> parts(static_cast<std::size_t>(g.size));
+  static std::vector<const void*> member_sends(const Meeting& m, const MeshGroup& g,
+                                               std::size_t offset) {
+    std::vector<const void*> parts(static_cast<std::size_t>(g.size));
     for (std::size_t j = 0; j < parts.size(); ++j)
       parts[j] = static_cast<const std::byte*>(m.send[j]) + offset;
     return parts;
   }
 
-  void leave(SimulatedWorld::Meeting& m, const MeshGroup& g, std::int64_t sent,
-             std::int64_t received) {
-    world_->wait_all(m, g.size);
+  void leave(Meeting& m, const MeshGroup& g, std::int64_t sent, std::int64_t received) {
+    sync(m, g, 2);
     world_->count(rank_, g.size > 1 ? sent : 0, g.size > 1 ? received : 0, g.index == 0);
   }
 
-  static void reduce(void* out, const std::vector<const std::byte*>& parts, std::size_t count,
-                     DType dtype, ReduceOp op) {
-    detail::visit_dtype(dtype, [&]<class T>() {
-      std::vector<const T*> in(parts.size());
-      for (std::size_t j = 0; j < parts.size(); ++j) in[j] = reinterpret_cast<const T*>(parts[j]);
-      detail::reduce_into(static_cast<T*>(out), in.data(), static_cast<int>(in.size()), count, op);
-    });
-  }
-
-  SimulatedWorld* world_;
+  World* world_;
+  Lane* lane_;
   int rank_;
 };
 
+template <class Lane>
 template <class F>
-void SimulatedWorld::run(F&& f) {
+void BasicSimulatedWorld<Lane>::run(F&& f) {
   {
     std::lock_guard lock(mutex_);
     aborted_ = false;
@@ -270,9 +309,21 @@ void SimulatedWorld::run(F&& f) {
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(mesh_.size()));
   for (int i = 0; i < mesh_.size(); ++i) {
     threads.emplace_back([this, &f, &errors, i] {
-      SimulatedBackend backend(*this, mesh_.rank_at(i));
       try {
-        f(backend);
+        Lane lane(i);
+        BasicSimulatedBackend<Lane> backend(*this, lane, mesh_.rank_at(i));
+        try {
+          f(backend);
+        } catch (...) {
+          // Work already issued completes before the lane goes away.
+          abort();
+          try {
+            lane.finish();
+          } catch (...) {
+          }
+          throw;
+        }
+        lane.finish();
       } catch (...) {
         errors[static_cast<std::size_t>(i)] = std::current_exception();
         abort();
@@ -299,5 +350,10 @@ void SimulatedWorld::run(F&& f) {
   }
   if (first) std::rethrow_exception(first);
 }
+
+// All ranks of a mesh on host memory, one thread each.
+using SimulatedWorld = BasicSimulatedWorld<detail::HostLane>;
+// One rank of a SimulatedWorld.
+using SimulatedBackend = BasicSimulatedBackend<detail::HostLane>;
 
 }  // namespace dtensor

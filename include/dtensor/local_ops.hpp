@@ -1,0 +1,105 @@
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <span>
+
+#include "detail/box_copy.hpp"
+#include "detail/elementwise.hpp"
+#include "dtype.hpp"
+#include "layout.hpp"
+#include "reduce_op.hpp"
+
+// The work a plan's run does on one rank's own memory, between collectives: staging buffers,
+// packing and unpacking blocks, filling, scaling and reducing. HostOps does it on host memory;
+// a device backend supplies its own (cuda/device_ops.cuh: kernels on a stream) through a
+// `local_ops()` member, and execute() then runs the same steps on device buffers.
+namespace dtensor {
+
+// What execute() asks of a backend's local operations. All pointers are in the backend's memory
+// space; `count` is in elements of `dtype`, `bytes` in bytes.
+//  - allocate(bytes, zero): a staging buffer (zero-filled when asked), freed when destroyed;
+//  - copy(dst, src, bytes): dst and src do not overlap;
+//  - copy_box: the sub-block `extent` at `src_at` of a row-major `src_shape` block to `dst_at`
+//    of a row-major `dst_shape` block, elements of `elem` bytes;
+//  - fill_identity: every element set to the identity of op (0 for sum and avg);
+//  - divide / multiply: every element divided by g / multiplied by g (summed g times);
+//  - reduce(dtype, out, parts, count, op): out[i] = parts[0][i] op ... op parts[g-1][i], in
+//    order, f16 and bf16 in float, avg divided by g once; out may alias a part.
+template <class O>
+concept LocalOps = requires(const O& o, void* p, const void* q, std::size_t n, const Shape& s,
+                            DType dtype, ReduceOp op, int g, std::span<const void* const> parts) {
+  { o.allocate(n, true).data() } -> std::convertible_to<std::byte*>;
+  o.copy(p, q, n);
+  o.copy_box(q, s, s, p, s, s, s, n);
+  o.fill_identity(dtype, p, n, op);
+  o.divide(dtype, p, n, g);
+  o.multiply(dtype, p, n, g);
+  o.reduce(dtype, p, parts, n, op);
+};
+
+// Local operations on host memory.
+struct HostOps {
+  // A staging buffer in host memory.
+  class Buffer {
+   public:
+    Buffer() = default;
+    explicit Buffer(std::size_t n, bool zero)
+        : bytes_(n == 0 ? nullptr
+                 : zero ? std::make_unique<std::byte[]>(n)
+                        : std::make_unique_for_overwrite<std::byte[]>(n)),
+          size_(n) {}
+    [[nodiscard]] std::byte* data() const noexcept { return bytes_.get(); }
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+   private:
+    std::unique_ptr<std::byte[]> bytes_;
+    std::size_t size_ = 0;
+  };
+
+  // Uninitialised unless `zero`: every byte that matters is written before it is read.
+  [[nodiscard]] Buffer allocate(std::size_t bytes, bool zero = false) const {
+    return Buffer(bytes, zero);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void* dst,
+                const Shape& dst_shape, const Shape& dst_at, const Shape& extent,
+                std::size_t elem) const {
+    detail::copy_box(static_cast<const std::byte*>(src), src_shape, src_at,
+                     static_cast<std::byte*>(dst), dst_shape, dst_at, extent, elem);
+  }
+  void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op) const {
+    detail::visit_dtype(
+        dtype, [&]<class T>() { detail::fill_identity(static_cast<T*>(data), count, op); });
+  }
+  void divide(DType dtype, void* data, std::size_t count, int g) const {
+    detail::visit_dtype(dtype, [&]<class T>() { detail::divide(static_cast<T*>(data), count, g); });
+  }
+  void multiply(DType dtype, void* data, std::size_t count, int g) const {
+    detail::visit_dtype(dtype,
+                        [&]<class T>() { detail::multiply_by(static_cast<T*>(data), count, g); });
+  }
+  void reduce(DType dtype, void* out, std::span<const void* const> parts, std::size_t count,
+              ReduceOp op) const {
+    detail::visit_dtype(dtype, [&]<class T>() {
+      constexpr std::size_t on_stack = 64;
+      const T* small[on_stack];
+      std::unique_ptr<const T*[]> large;
+      const T** in = small;
+      if (parts.size() > on_stack) {
+        large = std::make_unique<const T*[]>(parts.size());
+        in = large.get();
+      }
+      for (std::size_t j = 0; j < parts.size(); ++j) in[j] = static_cast<const T*>(parts[j]);
+      detail::reduce_into(static_cast<T*>(out), in, static_cast<int>(parts.size()), count, op);
+    });
+  }
+};
+
+static_assert(LocalOps<HostOps>);
+
+}  // namespace dtensor
