@@ -122,7 +122,8 @@ std::size_t run_all_gather(B& backend, const Ops& ops, const StepContext& c, con
     if (!exact)
       ops.copy_box(cur, c.have.shape, origin, send.data(), piece, origin, c.have.shape, c.elem);
     backend.all_gather(k, exact ? cur : send.data(), direct ? out : recv.data(), piece_bytes);
-    for (int j = 0; j < g && !direct; ++j) {
+    if (even && !direct) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
+    for (int j = 0; j < g && !even; ++j) {
       const Box bj = member_box(c, c.before, j);
       ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
                    c.want.shape, relative(bj, c.want), bj.shape, c.elem);
@@ -173,7 +174,8 @@ std::size_t run_reduce_scatter(B& backend, const Ops& ops, const StepContext& c,
     const bool direct_send = even && slabs_along(c.have.shape, j_dim);
     auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !exact);
     auto recv = ops.allocate(exact ? 0 : piece_bytes);
-    for (int j = 0; j < g && !direct_send; ++j) {
+    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
+    for (int j = 0; j < g && !even; ++j) {
       const Box aj = member_box(c, c.after, j);
       ops.copy_box(cur, c.have.shape, relative(aj, c.have),
                    send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, aj.shape,
@@ -234,7 +236,8 @@ std::size_t run_all_to_all(B& backend, const Ops& ops, const StepContext& c, con
     const bool direct_recv = even && slabs_along(c.want.shape, i);
     auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
     auto recv = ops.allocate(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
-    for (int j = 0; j < g && !direct_send; ++j) {
+    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
+    for (int j = 0; j < g && !even; ++j) {
       const Box part = intersect(c.have, member_box(c, c.after, j));
       ops.copy_box(cur, c.have.shape, relative(part, c.have),
                    send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin,
@@ -242,7 +245,8 @@ std::size_t run_all_to_all(B& backend, const Ops& ops, const StepContext& c, con
     }
     backend.all_to_all(k, direct_send ? cur : send.data(), direct_recv ? out : recv.data(),
                        piece_bytes);
-    for (int j = 0; j < g && !direct_recv; ++j) {
+    if (even && !direct_recv) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
+    for (int j = 0; j < g && !even; ++j) {
       const Box part = intersect(member_box(c, c.before, j), c.want);
       ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
                    c.want.shape, relative(part, c.want), part.shape, c.elem);

@@ -24,6 +24,10 @@ namespace dtensor {
 //  - copy(dst, src, bytes): dst and src do not overlap;
 //  - copy_box: the sub-block `extent` at `src_at` of a row-major `src_shape` block to `dst_at`
 //    of a row-major `dst_shape` block, elements of `elem` bytes;
+//  - pack_pieces(block, shape, dim, g, packed, elem): the g equal pieces of a row-major block
+//    along `dim` (piece j holds elements [j*w, (j+1)*w) of that dim, w = shape[dim] / g), each
+//    made contiguous, one after another; unpack_pieces(packed, block, ...) is its inverse. The
+//    pack and unpack of an even collective step, in one pass;
 //  - fill_identity: every element set to the identity of op (0 for sum and avg);
 //  - divide / multiply: every element divided by g / multiplied by g (summed g times);
 //  - reduce(dtype, out, parts, count, op): out[i] = parts[0][i] op ... op parts[g-1][i], in
@@ -34,6 +38,8 @@ concept LocalOps = requires(const O& o, void* p, const void* q, std::size_t n, c
   { o.allocate(n, true).data() } -> std::convertible_to<std::byte*>;
   o.copy(p, q, n);
   o.copy_box(q, s, s, p, s, s, s, n);
+  o.pack_pieces(q, s, g, g, p, n);
+  o.unpack_pieces(q, p, s, g, g, n);
   o.fill_identity(dtype, p, n, op);
   o.divide(dtype, p, n, g);
   o.multiply(dtype, p, n, g);
@@ -72,6 +78,26 @@ struct HostOps {
     detail::copy_box(static_cast<const std::byte*>(src), src_shape, src_at,
                      static_cast<std::byte*>(dst), dst_shape, dst_at, extent, elem);
   }
+  void pack_pieces(const void* block, const Shape& shape, int dim, int g, void* packed,
+                   std::size_t elem) const {
+    const Shape piece = piece_shape(shape, dim, g);
+    const auto piece_bytes = static_cast<std::size_t>(numel(piece)) * elem;
+    Shape at(shape.size(), 0);
+    const Shape origin(shape.size(), 0);
+    for (int j = 0; j < g; ++j, at[dim] += piece[dim])
+      copy_box(block, shape, at, static_cast<std::byte*>(packed) + j * piece_bytes, piece, origin,
+               piece, elem);
+  }
+  void unpack_pieces(const void* packed, void* block, const Shape& shape, int dim, int g,
+                     std::size_t elem) const {
+    const Shape piece = piece_shape(shape, dim, g);
+    const auto piece_bytes = static_cast<std::size_t>(numel(piece)) * elem;
+    Shape at(shape.size(), 0);
+    const Shape origin(shape.size(), 0);
+    for (int j = 0; j < g; ++j, at[dim] += piece[dim])
+      copy_box(static_cast<const std::byte*>(packed) + j * piece_bytes, piece, origin, block, shape,
+               at, piece, elem);
+  }
   void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op) const {
     detail::visit_dtype(
         dtype, [&]<class T>() { detail::fill_identity(static_cast<T*>(data), count, op); });
@@ -97,6 +123,17 @@ struct HostOps {
       for (std::size_t j = 0; j < parts.size(); ++j) in[j] = static_cast<const T*>(parts[j]);
       detail::reduce_into(static_cast<T*>(out), in, static_cast<int>(parts.size()), count, op);
     });
+  }
+
+ private:
+  static Shape piece_shape(Shape shape, int dim, int g) {
+    shape[dim] /= g;
+    return shape;
+  }
+  static std::int64_t numel(const Shape& s) {
+    std::int64_t n = 1;
+    for (std::int64_t e : s) n *= e;
+    return n;
   }
 };
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -35,7 +36,11 @@ namespace detail {
 // A simulated rank on host memory: work is done when the call returns, so fences are empty.
 struct HostLane {
   static constexpr MemorySpace memory = MemorySpace::host;
-  explicit HostLane(int /*rank index*/) {}
+  // What every lane of a world is made with (on a device lane: the device).
+  struct Setting {};
+  HostLane(int /*rank index*/, const Setting& /*setting*/) {}
+  // Called on the rank's thread before it runs.
+  void attach() noexcept {}
   [[nodiscard]] HostOps ops() const noexcept { return {}; }
   // A token for the work this rank has issued so far, for the others to wait on.
   [[nodiscard]] const void* publish(int /*phase*/) noexcept { return nullptr; }
@@ -55,8 +60,8 @@ class BasicSimulatedBackend;
 template <class Lane>
 class BasicSimulatedWorld {
  public:
-  explicit BasicSimulatedWorld(const DeviceMesh& mesh)
-      : mesh_(mesh), bytes_(static_cast<std::size_t>(mesh.size())) {}
+  explicit BasicSimulatedWorld(const DeviceMesh& mesh, typename Lane::Setting setting = {})
+      : mesh_(mesh), setting_(setting), bytes_(static_cast<std::size_t>(mesh.size())) {}
 
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
   // Bytes global rank `rank` sent and received since the last reset.
@@ -140,6 +145,7 @@ class BasicSimulatedWorld {
   }
 
   DeviceMesh mesh_;
+  typename Lane::Setting setting_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::map<std::pair<int, int>, Meeting> meetings_;
@@ -305,12 +311,17 @@ void BasicSimulatedWorld<Lane>::run(F&& f) {
     aborted_ = false;
     meetings_.clear();
   }
+  // Every lane outlives every thread: a rank that finishes first must not free what another
+  // still waits on (on a device lane, its events).
+  std::vector<std::unique_ptr<Lane>> lanes;
+  for (int i = 0; i < mesh_.size(); ++i) lanes.push_back(std::make_unique<Lane>(i, setting_));
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(mesh_.size()));
   for (int i = 0; i < mesh_.size(); ++i) {
-    threads.emplace_back([this, &f, &errors, i] {
+    threads.emplace_back([this, &f, &errors, &lanes, i] {
+      Lane& lane = *lanes[static_cast<std::size_t>(i)];
       try {
-        Lane lane(i);
+        lane.attach();
         BasicSimulatedBackend<Lane> backend(*this, lane, mesh_.rank_at(i));
         try {
           f(backend);

@@ -71,11 +71,13 @@ constexpr T narrow(compute_t<T> v) noexcept {
 // of real values when a block filled with it is later summed.
 template <class C>
 constexpr C add(C a, C b) noexcept {
+  // Plain comparisons, no overflow builtins: the same code runs in CUDA kernels.
   if constexpr (std::is_integral_v<C>) {
-    C out{};
-    if (__builtin_add_overflow(a, b, &out))
-      return b > 0 ? std::numeric_limits<C>::max() : std::numeric_limits<C>::lowest();
-    return out;
+    if (b > 0 && a > std::numeric_limits<C>::max() - b) return std::numeric_limits<C>::max();
+    if constexpr (std::is_signed_v<C>)
+      if (b < 0 && a < std::numeric_limits<C>::lowest() - b)
+        return std::numeric_limits<C>::lowest();
+    return static_cast<C>(a + b);
   } else {
     return a + b;
   }

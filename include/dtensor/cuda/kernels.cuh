@@ -1,0 +1,388 @@
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "../config.hpp"
+#include "../detail/elementwise.hpp"
+#include "../dtype.hpp"
+#include "../errors.hpp"
+#include "../layout.hpp"
+#include "../reduce_op.hpp"
+#include "check.hpp"
+
+// The device side of a plan's local work, as templates: strided block copies (the pack and
+// unpack of every step, with vectorised loads and stores), fills, scaling and ordered
+// reductions for every dtype. Each function enqueues on `stream` and returns at once. The
+// element-level arithmetic is the host's own (detail/elementwise.hpp), so device and host
+// results are bit-identical. Needs nvcc with --expt-relaxed-constexpr (set by dtensor::nccl).
+namespace dtensor::cuda {
+
+// The most inputs one reduce() combines.
+inline constexpr int max_reduce_parts = 256;
+
+namespace detail {
+
+using dtensor::detail::compute_t;
+
+// n / d for 32-bit n < 2^31 by multiply-high and shift, without the hardware divide.
+struct FastDivider {
+  std::uint64_t divisor = 1;
+  std::uint32_t magic = 0, shift = 0;
+
+  FastDivider() = default;
+  explicit FastDivider(std::uint64_t d) : divisor(d) {
+    while (shift < 32 && (std::uint32_t{1} << shift) < d) ++shift;
+    const std::uint64_t one = 1;
+    if (shift < 32)
+      magic = static_cast<std::uint32_t>(((one << 32) * ((one << shift) - d)) / d + 1);
+  }
+  __device__ std::uint32_t divide(std::uint32_t n) const {
+    const std::uint32_t t = __umulhi(n, magic);
+    return (t + n) >> shift;
+  }
+};
+
+// A strided copy reduced to its simplest form: `dims` outer dims (outermost first) of rows,
+// each row `run` vector units long and contiguous in both buffers. Strides in vector units.
+template <class I>
+struct BoxCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  int dims = 0;
+  I extent[max_tensor_dims + 1] = {};
+  I src_stride[max_tensor_dims + 1] = {};
+  I dst_stride[max_tensor_dims + 1] = {};
+  FastDivider extent_div[max_tensor_dims + 1];
+  FastDivider run_div;
+  I run = 1;
+  I total = 0;
+};
+
+template <class I>
+__device__ I divide(const FastDivider& d, I n) {
+  if constexpr (sizeof(I) == 4)
+    return d.divide(n);
+  else
+    return n / d.divisor;
+}
+
+template <class V, class I>
+__global__ void copy_box_kernel(BoxCopy<I> a) {
+  const V* src = static_cast<const V*>(a.src);
+  V* dst = static_cast<V*>(a.dst);
+  const I step = static_cast<I>(gridDim.x) * blockDim.x;
+  for (I u = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; u < a.total; u += step) {
+    I row = divide(a.run_div, u);
+    const I col = u - row * a.run;
+    I s = col, t = col;
+    for (int d = a.dims - 1; d > 0; --d) {
+      const I q = divide(a.extent_div[d], row);
+      const I i = row - q * a.extent[d];
+      s += i * a.src_stride[d];
+      t += i * a.dst_stride[d];
+      row = q;
+    }
+    s += row * a.src_stride[0];
+    t += row * a.dst_stride[0];
+    dst[t] = src[s];
+  }
+}
+
+template <class T>
+__global__ void fill_kernel(T* data, std::size_t count, T value) {
+  const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step)
+    data[i] = value;
+}
+
+template <class T>
+__global__ void divide_kernel(T* data, std::size_t count, int g) {
+  using C = compute_t<T>;
+  const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step)
+    data[i] = dtensor::detail::narrow<T>(static_cast<C>(dtensor::detail::widen(data[i]) / C(g)));
+}
+
+template <class T>
+__global__ void multiply_kernel(T* data, std::size_t count, int g) {
+  using C = compute_t<T>;
+  const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step) {
+    C acc = C(0);
+    for (int j = 0; j < g; ++j) acc = dtensor::detail::add(acc, dtensor::detail::widen(data[i]));
+    data[i] = dtensor::detail::narrow<T>(acc);
+  }
+}
+
+template <class T>
+struct ReduceParts {
+  const T* part[max_reduce_parts];
+};
+
+template <class T>
+__global__ void reduce_kernel(T* out, ReduceParts<T> in, int parts, std::size_t count,
+                              ReduceOp op) {
+  using C = compute_t<T>;
+  const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += step) {
+    C acc = dtensor::detail::widen(in.part[0][i]);
+    for (int p = 1; p < parts; ++p)
+      acc = dtensor::detail::combine(acc, dtensor::detail::widen(in.part[p][i]), op);
+    if (op == ReduceOp::avg) acc = static_cast<C>(acc / static_cast<C>(parts));
+    out[i] = dtensor::detail::narrow<T>(acc);
+  }
+}
+
+// Blocks for a grid-stride loop over n items: enough to fill the device, no more.
+inline unsigned grid_for(std::uint64_t n, unsigned threads) {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 80;
+    return count;
+  }();
+  const std::uint64_t wanted = (n + threads - 1) / threads;
+  const std::uint64_t most = static_cast<std::uint64_t>(sms) * (2048 / threads);
+  return static_cast<unsigned>(std::max<std::uint64_t>(1, std::min(wanted, most)));
+}
+
+template <class V, class I>
+void launch_copy_box(const BoxCopy<I>& a, cudaStream_t stream) {
+  constexpr unsigned threads = 256;
+  copy_box_kernel<V, I>
+      <<<grid_for(static_cast<std::uint64_t>(a.total), threads), threads, 0, stream>>>(a);
+  check(cudaGetLastError(), "copy_box kernel launch");
+}
+
+}  // namespace detail
+
+// Which buffer a strided copy walks in order: consecutive threads then touch consecutive
+// addresses of that buffer (coalesced), and strided ones of the other.
+enum class Walk { destination, source };
+
+// Copies `nd` nested dims of elements of `elem` bytes: element (i_0, ..., i_{nd-1}) at
+// src + sum(i_d * src_stride[d]) goes to dst + sum(i_d * dst_stride[d]) (strides in elements,
+// device memory), on `stream`. Dims are visited in the order of the buffer `walk` names; dims
+// contiguous in both buffers merge; a fully contiguous copy goes to cudaMemcpyAsync, the rest to
+// one kernel launch with the widest vector loads and stores (up to 16 bytes) that the alignment
+// of rows and buffers allows.
+inline void copy_strided(const void* src, void* dst, int nd, const std::int64_t* extent,
+                         const std::int64_t* src_stride, const std::int64_t* dst_stride,
+                         std::size_t elem, cudaStream_t stream, Walk walk = Walk::destination) {
+  for (int d = 0; d < nd; ++d)
+    if (extent[d] == 0) return;
+  // Byte strides of the dims that are not 1 wide, outermost (largest destination stride) first.
+  struct Dim {
+    std::int64_t extent, src, dst;
+  };
+  Dim dims[max_tensor_dims + 2];
+  int n = 0;
+  const auto e = static_cast<std::int64_t>(elem);
+  for (int d = 0; d < nd; ++d)
+    if (extent[d] != 1) dims[n++] = {extent[d], src_stride[d] * e, dst_stride[d] * e};
+  std::stable_sort(dims, dims + n, [walk](const Dim& x, const Dim& y) {
+    return walk == Walk::destination ? x.dst > y.dst : x.src > y.src;
+  });
+  // Merge a dim into the one outside it where both buffers step over it contiguously.
+  int m = 0;
+  for (int d = 0; d < n; ++d) {
+    if (m > 0 && dims[m - 1].src == dims[d].extent * dims[d].src &&
+        dims[m - 1].dst == dims[d].extent * dims[d].dst) {
+      dims[m - 1] = {dims[m - 1].extent * dims[d].extent, dims[d].src, dims[d].dst};
+      continue;
+    }
+    dims[m++] = dims[d];
+  }
+  n = m;
+  // The contiguous innermost run, in bytes: the last dim when it is dense in both, else one
+  // element.
+  std::int64_t run = e;
+  if (n > 0 && dims[n - 1].src == e && dims[n - 1].dst == e) {
+    run = dims[n - 1].extent * e;
+    --n;
+  }
+  if (n == 0) {
+    check(
+        cudaMemcpyAsync(dst, src, static_cast<std::size_t>(run), cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpyAsync");
+    return;
+  }
+  // The widest vector that divides the run, every stride and both base addresses.
+  auto alignment = static_cast<std::uint64_t>(run) | reinterpret_cast<std::uintptr_t>(src) |
+                   reinterpret_cast<std::uintptr_t>(dst);
+  for (int d = 0; d < n; ++d)
+    alignment |= static_cast<std::uint64_t>(dims[d].src) | static_cast<std::uint64_t>(dims[d].dst);
+  std::int64_t width = 16;
+  while (alignment % static_cast<std::uint64_t>(width) != 0) width /= 2;
+  std::int64_t rows = 1;
+  for (int d = 0; d < n; ++d) rows *= dims[d].extent;
+  const std::int64_t total = rows * (run / width);
+  auto launch = [&]<class I>() {
+    detail::BoxCopy<I> a;
+    a.src = src;
+    a.dst = dst;
+    a.dims = n;
+    for (int d = 0; d < n; ++d) {
+      a.extent[d] = static_cast<I>(dims[d].extent);
+      a.src_stride[d] = static_cast<I>(dims[d].src / width);
+      a.dst_stride[d] = static_cast<I>(dims[d].dst / width);
+      a.extent_div[d] = detail::FastDivider(static_cast<std::uint64_t>(dims[d].extent));
+    }
+    a.run = static_cast<I>(run / width);
+    a.run_div = detail::FastDivider(static_cast<std::uint64_t>(a.run));
+    a.total = static_cast<I>(total);
+    switch (width) {
+      case 16: detail::launch_copy_box<uint4, I>(a, stream); break;
+      case 8: detail::launch_copy_box<uint2, I>(a, stream); break;
+      case 4: detail::launch_copy_box<std::uint32_t, I>(a, stream); break;
+      case 2: detail::launch_copy_box<std::uint16_t, I>(a, stream); break;
+      default: detail::launch_copy_box<std::uint8_t, I>(a, stream); break;
+    }
+  };
+  // 32-bit indices (and divisions by multiplication) wherever every offset fits in 2^31.
+  std::int64_t span_units = total;
+  for (int d = 0; d < n; ++d)
+    span_units = std::max({span_units, dims[d].extent * (dims[d].src / width),
+                           dims[d].extent * (dims[d].dst / width)});
+  if (span_units < (std::int64_t{1} << 31))
+    launch.template operator()<std::uint32_t>();
+  else
+    launch.template operator()<std::uint64_t>();
+}
+
+namespace detail {
+
+// Row-major strides, in elements, of `shape`.
+inline void row_major_strides(const Shape& shape, std::int64_t* stride) {
+  std::int64_t s = 1;
+  for (int d = static_cast<int>(shape.size()); d-- > 0;) {
+    stride[d] = s;
+    s *= shape[d];
+  }
+}
+
+// The dims of "the g equal pieces of a `shape` block along `dim`, one after another": extents
+// (g first, then the piece's dims), and the strides of that walk in the block and in the
+// packed pieces.
+inline int pieces_walk(const Shape& shape, int dim, int g, std::int64_t* extent,
+                       std::int64_t* block_stride, std::int64_t* packed_stride) {
+  const int nd = static_cast<int>(shape.size());
+  Shape piece = shape;
+  piece[dim] /= g;
+  std::int64_t block[max_tensor_dims], packed[max_tensor_dims];
+  row_major_strides(shape, block);
+  row_major_strides(piece, packed);
+  extent[0] = g;
+  block_stride[0] = block[dim] * piece[dim];
+  packed_stride[0] = piece.empty() ? 1 : packed[0] * piece[0];
+  for (int d = 0; d < nd; ++d) {
+    extent[d + 1] = piece[d];
+    block_stride[d + 1] = block[d];
+    packed_stride[d + 1] = packed[d];
+  }
+  return nd + 1;
+}
+
+}  // namespace detail
+
+// Copies the sub-block `extent` at `src_at` of a row-major `src` of shape `src_shape` to `dst_at`
+// of a row-major `dst` of shape `dst_shape` (device memory, elements of `elem` bytes), on
+// `stream`: one copy_strided.
+inline void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void* dst,
+                     const Shape& dst_shape, const Shape& dst_at, const Shape& extent,
+                     std::size_t elem, cudaStream_t stream) {
+  const int nd = static_cast<int>(extent.size());
+  std::int64_t s[max_tensor_dims], d[max_tensor_dims];
+  detail::row_major_strides(src_shape, s);
+  detail::row_major_strides(dst_shape, d);
+  std::int64_t src_base = 0, dst_base = 0;
+  for (int k = 0; k < nd; ++k) {
+    src_base += src_at[k] * s[k];
+    dst_base += dst_at[k] * d[k];
+  }
+  const auto e = static_cast<std::int64_t>(elem);
+  copy_strided(static_cast<const std::byte*>(src) + src_base * e,
+               static_cast<std::byte*>(dst) + dst_base * e, nd, extent.data(), s, d, elem, stream);
+}
+
+// Packs the g equal pieces of a row-major `shape` block along `dim` one after another (piece j
+// = elements [j*w, (j+1)*w) of that dim, w = shape[dim] / g): one launch for all of them.
+inline void pack_pieces(const void* block, const Shape& shape, int dim, int g, void* packed,
+                        std::size_t elem, cudaStream_t stream, Walk walk = Walk::destination) {
+  std::int64_t extent[max_tensor_dims + 1], bs[max_tensor_dims + 1], ps[max_tensor_dims + 1];
+  const int nd = detail::pieces_walk(shape, dim, g, extent, bs, ps);
+  copy_strided(block, packed, nd, extent, bs, ps, elem, stream, walk);
+}
+
+// The inverse of pack_pieces: g packed pieces laid side by side along `dim` of the block.
+inline void unpack_pieces(const void* packed, void* block, const Shape& shape, int dim, int g,
+                          std::size_t elem, cudaStream_t stream, Walk walk = Walk::destination) {
+  std::int64_t extent[max_tensor_dims + 1], bs[max_tensor_dims + 1], ps[max_tensor_dims + 1];
+  const int nd = detail::pieces_walk(shape, dim, g, extent, bs, ps);
+  copy_strided(packed, block, nd, extent, ps, bs, elem, stream, walk);
+}
+
+// Sets `count` elements of `dtype` to the identity of `op`.
+inline void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op,
+                          cudaStream_t stream) {
+  if (count == 0) return;
+  dtensor::detail::visit_dtype(dtype, [&]<class T>() {
+    constexpr unsigned threads = 256;
+    detail::fill_kernel<T><<<detail::grid_for(count, threads), threads, 0, stream>>>(
+        static_cast<T*>(data), count, dtensor::detail::identity<T>(op));
+  });
+  check(cudaGetLastError(), "fill_identity kernel launch");
+}
+
+// Divides `count` elements by g (f16 and bf16 in float).
+inline void divide(DType dtype, void* data, std::size_t count, int g, cudaStream_t stream) {
+  if (count == 0) return;
+  dtensor::detail::visit_dtype(dtype, [&]<class T>() {
+    constexpr unsigned threads = 256;
+    detail::divide_kernel<T>
+        <<<detail::grid_for(count, threads), threads, 0, stream>>>(static_cast<T*>(data), count, g);
+  });
+  check(cudaGetLastError(), "divide kernel launch");
+}
+
+// Multiplies `count` elements by g, as a sum of g copies (integers saturate).
+inline void multiply(DType dtype, void* data, std::size_t count, int g, cudaStream_t stream) {
+  if (count == 0) return;
+  dtensor::detail::visit_dtype(dtype, [&]<class T>() {
+    constexpr unsigned threads = 256;
+    detail::multiply_kernel<T>
+        <<<detail::grid_for(count, threads), threads, 0, stream>>>(static_cast<T*>(data), count, g);
+  });
+  check(cudaGetLastError(), "multiply kernel launch");
+}
+
+// out[i] = parts[0][i] op ... op parts[g-1][i] in order (f16 and bf16 in float, avg divided by
+// g once); out may alias a part. At most max_reduce_parts parts.
+inline void reduce(DType dtype, void* out, std::span<const void* const> parts, std::size_t count,
+                   ReduceOp op, cudaStream_t stream) {
+  if (parts.empty() || parts.size() > static_cast<std::size_t>(max_reduce_parts))
+    throw error("cuda::reduce combines 1 to " + std::to_string(max_reduce_parts) + " parts, got " +
+                std::to_string(parts.size()));
+  if (count == 0) return;
+  dtensor::detail::visit_dtype(dtype, [&]<class T>() {
+    detail::ReduceParts<T> in{};
+    for (std::size_t j = 0; j < parts.size(); ++j) in.part[j] = static_cast<const T*>(parts[j]);
+    constexpr unsigned threads = 256;
+    detail::reduce_kernel<T><<<detail::grid_for(count, threads), threads, 0, stream>>>(
+        static_cast<T*>(out), in, static_cast<int>(parts.size()), count, op);
+  });
+  check(cudaGetLastError(), "reduce kernel launch");
+}
+
+}  // namespace dtensor::cuda
