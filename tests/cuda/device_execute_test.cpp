@@ -149,18 +149,30 @@ TEST_CASE("copy_box on the device equals the host's, for every shape and element
 TEST_CASE("pack_pieces and unpack_pieces on the device equal the host's", "[cuda][kernels]") {
   std::mt19937_64 rng(9);
   const HostOps host;
-  for (int round = 0; round < 200; ++round) {
-    const int nd = 1 + static_cast<int>(rng() % 4);
-    const int dim = static_cast<int>(rng() % static_cast<unsigned>(nd));
-    const int g = 1 + static_cast<int>(rng() % 8);
-    const std::size_t elem = std::size_t{1} << (rng() % 4);
+  // Random small blocks, then blocks with many narrow rows (moved in tiles, with a rest).
+  struct Fixed {
     Shape shape;
-    std::size_t numel = 1;
-    for (int d = 0; d < nd; ++d) {
-      const std::int64_t e = (d == dim ? g : 1) * (1 + static_cast<std::int64_t>(rng() % 9));
-      shape.push_back(e);
-      numel *= static_cast<std::size_t>(e);
+    int dim, g;
+    std::size_t elem;
+  };
+  const Fixed fixed[] = {{{(1 << 21) + 3, 24}, 1, 8, 2},  // 96 MiB: beyond L2, so in tiles
+                         {{4099, 24}, 1, 8, 2},          {{1000, 56}, 1, 8, 4},
+                         {{3, 700, 6}, 2, 2, 8},         {{20000, 8}, 1, 4, 1},
+                         {{7, 300, 16, 2}, 2, 16, 2}};
+  for (int round = 0; round < 206; ++round) {
+    const int nd = 1 + static_cast<int>(rng() % 4);
+    int dim = static_cast<int>(rng() % static_cast<unsigned>(nd));
+    int g = 1 + static_cast<int>(rng() % 8);
+    std::size_t elem = std::size_t{1} << (rng() % 4);
+    Shape shape;
+    for (int d = 0; d < nd; ++d)
+      shape.push_back((d == dim ? g : 1) * (1 + static_cast<std::int64_t>(rng() % 9)));
+    if (round >= 200) {
+      const Fixed& f = fixed[round - 200];
+      shape = f.shape, dim = f.dim, g = f.g, elem = f.elem;
     }
+    std::size_t numel = 1;
+    for (std::int64_t e : shape) numel *= static_cast<std::size_t>(e);
     INFO(fmt::format("shape {} dim {} g {} elem {}", shape, dim, g, elem));
     const auto block = random_bytes(numel * elem, rng);
     std::vector<std::byte> packed(block.size()), unpacked(block.size());

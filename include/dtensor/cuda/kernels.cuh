@@ -167,9 +167,9 @@ void launch_copy_box(const BoxCopy<I>& a, cudaStream_t stream) {
 
 }  // namespace detail
 
-// Which buffer a strided copy walks in order: consecutive threads then touch consecutive
-// addresses of that buffer (coalesced), and strided ones of the other.
-enum class Walk { destination, source };
+// The order a strided copy walks its dims in: that of the destination or source buffer
+// (consecutive threads then touch consecutive addresses of it), or the order given.
+enum class Walk { destination, source, as_given };
 
 // Copies `nd` nested dims of elements of `elem` bytes: element (i_0, ..., i_{nd-1}) at
 // src + sum(i_d * src_stride[d]) goes to dst + sum(i_d * dst_stride[d]) (strides in elements,
@@ -191,9 +191,10 @@ inline void copy_strided(const void* src, void* dst, int nd, const std::int64_t*
   const auto e = static_cast<std::int64_t>(elem);
   for (int d = 0; d < nd; ++d)
     if (extent[d] != 1) dims[n++] = {extent[d], src_stride[d] * e, dst_stride[d] * e};
-  std::stable_sort(dims, dims + n, [walk](const Dim& x, const Dim& y) {
-    return walk == Walk::destination ? x.dst > y.dst : x.src > y.src;
-  });
+  if (walk != Walk::as_given)
+    std::stable_sort(dims, dims + n, [walk](const Dim& x, const Dim& y) {
+      return walk == Walk::destination ? x.dst > y.dst : x.src > y.src;
+    });
   // Merge a dim into the one outside it where both buffers step over it contiguously.
   int m = 0;
   for (int d = 0; d < n; ++d) {
@@ -316,21 +317,86 @@ inline void copy_box(const void* src, const Shape& src_shape, const Shape& src_a
                static_cast<std::byte*>(dst) + dst_base * e, nd, extent.data(), s, d, elem, stream);
 }
 
+namespace detail {
+
+// A pack of pieces whose rows (the contiguous part of a piece between two of its rows) are
+// shorter than this, from a block larger than the L2 cache, goes in tiles of rows: a tile holds
+// a few rows of every piece, so that its scattered reads stay within a small span of memory.
+// (Smaller blocks stay in L2 whatever the order; unpacks measured best in the block's order.)
+inline constexpr std::int64_t narrow_row_bytes = 512;
+inline constexpr std::int64_t tile_bytes = 64 * 1024;
+
+// The current device's L2 cache size in bytes (read once).
+inline std::int64_t l2_bytes() {
+  static const std::int64_t bytes = [] {
+    int device = 0, size = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&size, cudaDevAttrL2CacheSize, device) != cudaSuccess)
+      return std::int64_t{50} << 20;
+    return static_cast<std::int64_t>(size);
+  }();
+  return bytes;
+}
+
+// The copy between a block and its g packed pieces along `dim`: block to pieces when `pack`,
+// pieces to block otherwise. `src` and `dst` are the buffers in that direction.
+inline void move_pieces(const void* src, void* dst, const Shape& shape, int dim, int g,
+                        std::size_t elem, cudaStream_t stream, bool pack) {
+  const int nd = static_cast<int>(shape.size());
+  std::int64_t rows = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) rows *= shape[d];
+  for (int d = dim + 1; d < nd; ++d) inner *= shape[d];
+  const std::int64_t row = shape[dim] * inner;  // a block row, in elements
+  const std::int64_t run = row / g;             // a piece row
+  const auto e = static_cast<std::int64_t>(elem);
+  const std::int64_t tile_rows = std::max<std::int64_t>(1, tile_bytes / (row * e));
+  // Copies `n` dims given with their strides in the block and in the packed pieces, starting
+  // at block row `first`.
+  auto move = [&](std::int64_t first, int n, const std::int64_t* extent, const std::int64_t* bs,
+                  const std::int64_t* ps, Walk walk) {
+    const std::int64_t block_at = first * row * e, packed_at = first * run * e;
+    copy_strided(static_cast<const std::byte*>(src) + (pack ? block_at : packed_at),
+                 static_cast<std::byte*>(dst) + (pack ? packed_at : block_at), n, extent,
+                 pack ? bs : ps, pack ? ps : bs, elem, stream, walk);
+  };
+  if (!pack || run * e >= narrow_row_bytes || rows * row * e <= l2_bytes() ||
+      rows < 2 * tile_rows) {
+    std::int64_t extent[max_tensor_dims + 1], bs[max_tensor_dims + 1], ps[max_tensor_dims + 1];
+    const int n = pieces_walk(shape, dim, g, extent, bs, ps);
+    move(0, n, extent, bs, ps, Walk::destination);
+    return;
+  }
+  // Tiles of tile_rows rows, every piece's part of a tile one after another; then the rest.
+  const std::int64_t tiles = rows / tile_rows, rest = rows - tiles * tile_rows;
+  const std::int64_t piece = rows * run;
+  {
+    const std::int64_t extent[] = {tiles, g, tile_rows, run};
+    const std::int64_t bs[] = {tile_rows * row, run, row, 1};
+    const std::int64_t ps[] = {tile_rows * run, piece, run, 1};
+    move(0, 4, extent, bs, ps, Walk::as_given);
+  }
+  if (rest > 0) {
+    const std::int64_t extent[] = {g, rest, run};
+    const std::int64_t bs[] = {run, row, 1};
+    const std::int64_t ps[] = {piece, run, 1};
+    move(tiles * tile_rows, 3, extent, bs, ps, Walk::as_given);
+  }
+}
+
+}  // namespace detail
+
 // Packs the g equal pieces of a row-major `shape` block along `dim` one after another (piece j
-// = elements [j*w, (j+1)*w) of that dim, w = shape[dim] / g): one launch for all of them.
+// = elements [j*w, (j+1)*w) of that dim, w = shape[dim] / g): one launch (two where a large
+// block's narrow rows go in tiles and do not divide into them).
 inline void pack_pieces(const void* block, const Shape& shape, int dim, int g, void* packed,
-                        std::size_t elem, cudaStream_t stream, Walk walk = Walk::destination) {
-  std::int64_t extent[max_tensor_dims + 1], bs[max_tensor_dims + 1], ps[max_tensor_dims + 1];
-  const int nd = detail::pieces_walk(shape, dim, g, extent, bs, ps);
-  copy_strided(block, packed, nd, extent, bs, ps, elem, stream, walk);
+                        std::size_t elem, cudaStream_t stream) {
+  detail::move_pieces(block, packed, shape, dim, g, elem, stream, true);
 }
 
 // The inverse of pack_pieces: g packed pieces laid side by side along `dim` of the block.
 inline void unpack_pieces(const void* packed, void* block, const Shape& shape, int dim, int g,
-                          std::size_t elem, cudaStream_t stream, Walk walk = Walk::destination) {
-  std::int64_t extent[max_tensor_dims + 1], bs[max_tensor_dims + 1], ps[max_tensor_dims + 1];
-  const int nd = detail::pieces_walk(shape, dim, g, extent, bs, ps);
-  copy_strided(packed, block, nd, extent, ps, bs, elem, stream, walk);
+                          std::size_t elem, cudaStream_t stream) {
+  detail::move_pieces(packed, block, shape, dim, g, elem, stream, false);
 }
 
 // Sets `count` elements of `dtype` to the identity of `op`.
