@@ -80,23 +80,11 @@ struct HostOps {
   }
   void pack_pieces(const void* block, const Shape& shape, int dim, int g, void* packed,
                    std::size_t elem) const {
-    const Shape piece = piece_shape(shape, dim, g);
-    const auto piece_bytes = static_cast<std::size_t>(numel(piece)) * elem;
-    Shape at(shape.size(), 0);
-    const Shape origin(shape.size(), 0);
-    for (int j = 0; j < g; ++j, at[dim] += piece[dim])
-      copy_box(block, shape, at, static_cast<std::byte*>(packed) + j * piece_bytes, piece, origin,
-               piece, elem);
+    move_pieces(block, packed, shape, dim, g, elem, true);
   }
   void unpack_pieces(const void* packed, void* block, const Shape& shape, int dim, int g,
                      std::size_t elem) const {
-    const Shape piece = piece_shape(shape, dim, g);
-    const auto piece_bytes = static_cast<std::size_t>(numel(piece)) * elem;
-    Shape at(shape.size(), 0);
-    const Shape origin(shape.size(), 0);
-    for (int j = 0; j < g; ++j, at[dim] += piece[dim])
-      copy_box(static_cast<const std::byte*>(packed) + j * piece_bytes, piece, origin, block, shape,
-               at, piece, elem);
+    move_pieces(packed, block, shape, dim, g, elem, false);
   }
   void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op) const {
     detail::visit_dtype(
@@ -126,14 +114,24 @@ struct HostOps {
   }
 
  private:
-  static Shape piece_shape(Shape shape, int dim, int g) {
-    shape[dim] /= g;
-    return shape;
-  }
-  static std::int64_t numel(const Shape& s) {
-    std::int64_t n = 1;
-    for (std::int64_t e : s) n *= e;
-    return n;
+  // Block to packed pieces when `pack`, packed pieces to block otherwise.
+  void move_pieces(const void* src, void* dst, const Shape& shape, int dim, int g, std::size_t elem,
+                   bool pack) const {
+    Shape piece = shape;
+    piece[dim] /= g;
+    std::size_t piece_bytes = elem;
+    for (std::int64_t e : piece) piece_bytes *= static_cast<std::size_t>(e);
+    Shape at(shape.size(), 0);
+    const Shape origin(shape.size(), 0);
+    for (int j = 0; j < g; ++j, at[dim] += piece[dim]) {
+      const std::size_t packed_at = static_cast<std::size_t>(j) * piece_bytes;
+      if (pack)
+        copy_box(src, shape, at, static_cast<std::byte*>(dst) + packed_at, piece, origin, piece,
+                 elem);
+      else
+        copy_box(static_cast<const std::byte*>(src) + packed_at, piece, origin, dst, shape, at,
+                 piece, elem);
+    }
   }
 };
 
