@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -87,6 +86,20 @@ inline int global_rank(const StepContext& c, int j) {
   return c.plan.src().mesh().rank(m);
 }
 
+// Where each member's piece sits in a buffer that packs the pieces of the other members one
+// after another: offsets[j] for member j (this member's piece takes no room), offsets[g] the
+// total. `piece(j)` is member j's box.
+template <class F>
+std::vector<std::size_t> packed_offsets(const StepContext& c, F&& piece) {
+  const int g = c.plan.src().mesh().size(c.step.mesh_dim), me = c.me[c.step.mesh_dim];
+  std::vector<std::size_t> at(static_cast<std::size_t>(g) + 1, 0);
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    at[u + 1] = at[u] + (j == me ? 0 : bytes_of(piece(j), c.elem));
+  }
+  return at;
+}
+
 // Copies `piece` (a block of the tensor inside both `from_box` and `to_box`) between buffers.
 template <class Ops>
 void copy_piece(const Ops& ops, const std::byte* from, const Box& from_box, std::byte* to,
@@ -131,11 +144,8 @@ std::size_t run_all_gather(B& backend, const Ops& ops, const StepContext& c, con
     return send.size() + recv.size();
   }
   // Exact: every member's block, whatever its size, in one point-to-point round.
-  std::vector<std::size_t> at(static_cast<std::size_t>(g) + 1, 0);
-  for (int j = 0; j < g; ++j)
-    at[static_cast<std::size_t>(j) + 1] =
-        at[static_cast<std::size_t>(j)] +
-        (j == me ? 0 : bytes_of(member_box(c, c.before, j), c.elem));
+  const std::vector<std::size_t> at =
+      packed_offsets(c, [&](int j) { return member_box(c, c.before, j); });
   auto staging = ops.allocate(at.back());
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
@@ -190,11 +200,8 @@ std::size_t run_reduce_scatter(B& backend, const Ops& ops, const StepContext& c,
   // Exact: each member sends every other member its partial of that member's piece, then
   // reduces the g partials of its own piece in group order.
   const std::size_t own_bytes = bytes_of(c.want, c.elem);
-  std::vector<std::size_t> at(static_cast<std::size_t>(g) + 1, 0);
-  for (int j = 0; j < g; ++j)
-    at[static_cast<std::size_t>(j) + 1] =
-        at[static_cast<std::size_t>(j)] +
-        (j == me ? 0 : bytes_of(member_box(c, c.after, j), c.elem));
+  const std::vector<std::size_t> at =
+      packed_offsets(c, [&](int j) { return member_box(c, c.after, j); });
   auto packed = ops.allocate(at.back());
   auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(g));
   std::vector<SendMessage> sends;
@@ -254,16 +261,10 @@ std::size_t run_all_to_all(B& backend, const Ops& ops, const StepContext& c, con
     return send.size() + recv.size();
   }
   // Exact: what each member sends packed at its offset, what it receives staged at another.
-  std::vector<std::size_t> send_at(static_cast<std::size_t>(g) + 1, 0),
-      recv_at(static_cast<std::size_t>(g) + 1, 0);
-  for (int j = 0; j < g; ++j) {
-    const auto u = static_cast<std::size_t>(j);
-    const bool self = j == me;
-    send_at[u + 1] =
-        send_at[u] + (self ? 0 : bytes_of(intersect(c.have, member_box(c, c.after, j)), c.elem));
-    recv_at[u + 1] =
-        recv_at[u] + (self ? 0 : bytes_of(intersect(member_box(c, c.before, j), c.want), c.elem));
-  }
+  const std::vector<std::size_t> send_at =
+      packed_offsets(c, [&](int j) { return intersect(c.have, member_box(c, c.after, j)); });
+  const std::vector<std::size_t> recv_at =
+      packed_offsets(c, [&](int j) { return intersect(member_box(c, c.before, j), c.want); });
   auto packed = ops.allocate(send_at.back());
   auto staging = ops.allocate(recv_at.back());
   std::vector<SendMessage> sends;

@@ -167,13 +167,13 @@ void launch_copy_box(const BoxCopy<I>& a, cudaStream_t stream) {
 
 }  // namespace detail
 
-// The order a strided copy walks its dims in: that of the destination or source buffer
-// (consecutive threads then touch consecutive addresses of it), or the order given.
-enum class Walk { destination, source, as_given };
+// The order a strided copy walks its dims in: that of the destination buffer (consecutive
+// threads then write consecutive addresses), or the order given.
+enum class Walk { destination, as_given };
 
 // Copies `nd` nested dims of elements of `elem` bytes: element (i_0, ..., i_{nd-1}) at
 // src + sum(i_d * src_stride[d]) goes to dst + sum(i_d * dst_stride[d]) (strides in elements,
-// device memory), on `stream`. Dims are visited in the order of the buffer `walk` names; dims
+// device memory), on `stream`. Dims are visited in the order `walk` says; dims
 // contiguous in both buffers merge; a fully contiguous copy goes to cudaMemcpyAsync, the rest to
 // one kernel launch with the widest vector loads and stores (up to 16 bytes) that the alignment
 // of rows and buffers allows.
@@ -191,10 +191,8 @@ inline void copy_strided(const void* src, void* dst, int nd, const std::int64_t*
   const auto e = static_cast<std::int64_t>(elem);
   for (int d = 0; d < nd; ++d)
     if (extent[d] != 1) dims[n++] = {extent[d], src_stride[d] * e, dst_stride[d] * e};
-  if (walk != Walk::as_given)
-    std::stable_sort(dims, dims + n, [walk](const Dim& x, const Dim& y) {
-      return walk == Walk::destination ? x.dst > y.dst : x.src > y.src;
-    });
+  if (walk == Walk::destination)
+    std::stable_sort(dims, dims + n, [](const Dim& x, const Dim& y) { return x.dst > y.dst; });
   // Merge a dim into the one outside it where both buffers step over it contiguously.
   int m = 0;
   for (int d = 0; d < n; ++d) {
