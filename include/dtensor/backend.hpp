@@ -1,8 +1,10 @@
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "device_mesh.hpp"
 #include "dtype.hpp"
@@ -61,6 +63,95 @@ concept Backend = requires(B& b, const B& cb, int mesh_dim, const void* send, vo
 &&(B::memory == MemorySpace::host || requires(B & b) {
   { b.local_ops() } -> LocalOps;
 });
+
+class ExecutionQueue;
+
+namespace detail {
+// One asynchronous execution as its backend's queue sees it (execute.hpp drives it).
+struct InFlight {
+  // It has started every operation of its plan (or failed): later executions may start theirs.
+  bool started_all = false;
+  // Whether an operation of it is in flight.
+  [[nodiscard]] virtual bool in_flight() const noexcept = 0;
+  // If its operation in flight has finished: finishes it, runs the execution on to its next
+  // operation (starting it when its turn has come) or to its end, and returns true.
+  virtual bool advance() = 0;
+
+ protected:
+  ~InFlight() = default;
+};
+
+// Every execution queue of this process: an execution waiting for its operation advances the
+// others too, since their next operations may be what another rank's wait needs.
+inline std::vector<ExecutionQueue*>& all_queues() {
+  static std::vector<ExecutionQueue*> queues;
+  return queues;
+}
+}  // namespace detail
+
+// The executions started on one backend and not yet finished, oldest first. An asynchronous
+// backend owns one for execute_async (execute.hpp), which starts their operations in queue order
+// so that every rank starts them in the same order, however it waits for them. Queues, and the
+// executions on them, belong to one thread.
+class ExecutionQueue {
+ public:
+  ExecutionQueue() { detail::all_queues().push_back(this); }
+  ExecutionQueue(const ExecutionQueue&) = delete;
+  ExecutionQueue& operator=(const ExecutionQueue&) = delete;
+  ~ExecutionQueue() {
+    auto& queues = detail::all_queues();
+    queues.erase(std::remove(queues.begin(), queues.end(), this), queues.end());
+  }
+
+  [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  // Whether every execution in flight has started all its operations.
+  [[nodiscard]] bool all_started() const noexcept {
+    return std::all_of(entries_.begin(), entries_.end(),
+                       [](const detail::InFlight* e) { return e->started_all; });
+  }
+  [[nodiscard]] const std::vector<detail::InFlight*>& entries() const noexcept { return entries_; }
+  void push(detail::InFlight* e) { entries_.push_back(e); }
+  void remove(const detail::InFlight* e) noexcept {
+    entries_.erase(std::remove(entries_.begin(), entries_.end(), e), entries_.end());
+  }
+
+ private:
+  std::vector<detail::InFlight*> entries_;
+};
+
+// A backend that can start an operation and finish it later, for execute_async: `start_*` take
+// the arguments of the blocking forms and return a Request in flight, whose buffers the caller
+// leaves alone until `test(request)` has returned true (it polls without blocking, and finishes
+// the operation when it has completed; an error throws dtensor::error). Every rank starts the
+// same operations in the same order: the executor sees to it through `executions()`.
+template <class B>
+concept AsyncBackend = Backend<B> && std::movable<typename B::Request> &&
+    std::default_initializable<typename B::Request> &&
+    requires(B& b, typename B::Request& request, int mesh_dim, const void* send, void* recv,
+             std::size_t n, DType dtype, ReduceOp op, std::span<const SendMessage> sends,
+             std::span<const RecvMessage> recvs) {
+  { b.start_all_gather(mesh_dim, send, recv, n) } -> std::same_as<typename B::Request>;
+  {
+    b.start_reduce_scatter(mesh_dim, send, recv, n, dtype, op)
+    } -> std::same_as<typename B::Request>;
+  { b.start_all_reduce(mesh_dim, send, recv, n, dtype, op) } -> std::same_as<typename B::Request>;
+  { b.start_all_to_all(mesh_dim, send, recv, n) } -> std::same_as<typename B::Request>;
+  { b.start_exchange(sends, recvs) } -> std::same_as<typename B::Request>;
+  { b.test(request) } -> std::same_as<bool>;
+  b.wait(request);
+  { b.executions() } -> std::same_as<ExecutionQueue&>;
+};
+
+// A backend whose work is ordered on a stream (a device backend) can mark the point its
+// stream has reached: `record()` returns a fence whose `ready()` says whether the work before
+// it has finished and whose `wait()` waits for it. execute_async records one after enqueuing a
+// plan, so that the execution's wait() waits for the device.
+template <class B>
+concept StreamBackend = Backend<B> && requires(B& b) {
+  { b.record().ready() } -> std::same_as<bool>;
+  b.record().wait();
+};
 
 // The local operations execute() uses with backend `b`: its own where it has them, HostOps
 // otherwise (host memory).

@@ -3,12 +3,18 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "backend.hpp"
+#include "detail/in_flight.hpp"
 #include "detail/step_cost.hpp"
+#include "detail/step_runners.hpp"
 #include "detail/why.hpp"
 #include "errors.hpp"
 #include "plan.hpp"
@@ -17,360 +23,6 @@
 // Running a plan on real buffers: every rank calls execute() with its own backend and its
 // blocks of the source and target layouts (row-major, contiguous), in the backend's memory.
 namespace dtensor {
-
-namespace detail {
-
-// How a collective step moves uneven pieces on this group: a native collective on pieces of one
-// size (even, or padded), or exact sizes in one point-to-point round.
-enum class Movement { native, exact };
-
-struct StepContext {
-  const Plan& plan;
-  const Step& step;
-  Layout before, after;
-  MeshCoord me;
-  Box have, want;
-  std::size_t elem;
-  // Every group of the step cuts its pieces equally: one native collective everywhere. The
-  // choice must be the same on every rank, since an exact step is a mesh-wide round.
-  bool even;
-};
-
-// Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
-// among its group.
-inline bool step_is_even(const Plan& plan, const Step& s) {
-  if (s.kind != StepKind::all_gather && s.kind != StepKind::reduce_scatter &&
-      s.kind != StepKind::all_to_all)
-    return true;
-  const Layout& base = plan.src();
-  const DeviceMesh& mesh = base.mesh();
-  const int k = s.mesh_dim, g = mesh.size(k);
-  const int i = s.kind == StepKind::reduce_scatter ? -1 : s.before[k].dim();
-  const int j = s.kind == StepKind::all_gather ? -1 : s.after[k].dim();
-  for (int r = 0; r < mesh.size(); ++r) {
-    const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
-    if (i >= 0 && base.local_box(s.after, c).shape[i] % g != 0) return false;
-    if (j >= 0 && base.local_box(s.before, c).shape[j] % g != 0) return false;
-  }
-  return true;
-}
-
-inline std::size_t bytes_of(const Box& b, std::size_t elem) {
-  return static_cast<std::size_t>(b.numel()) * elem;
-}
-
-inline Shape relative(const Box& inner, const Box& outer) {
-  Shape s = inner.offset;
-  for (std::size_t d = 0; d < s.size(); ++d) s[d] -= outer.offset[d];
-  return s;
-}
-
-// Whether the pieces of `shape` along dim d are contiguous slabs of a row-major buffer (every
-// dim before d has extent 1), so that a gather or scatter along d needs no block transpose.
-inline bool slabs_along(const Shape& shape, int d) {
-  for (int i = 0; i < d; ++i)
-    if (shape[i] != 1) return false;
-  return true;
-}
-
-// The block of member j of this rank's group along the step's mesh dim, under `l`.
-inline Box member_box(const StepContext& c, const Layout& l, int j) {
-  MeshCoord m = c.me;
-  m[c.step.mesh_dim] = j;
-  return l.local_box(m);
-}
-
-inline int global_rank(const StepContext& c, int j) {
-  MeshCoord m = c.me;
-  m[c.step.mesh_dim] = j;
-  return c.plan.src().mesh().rank(m);
-}
-
-// Where each member's piece sits in a buffer that packs the pieces of the other members one
-// after another: offsets[j] for member j (this member's piece takes no room), offsets[g] the
-// total. `piece(j)` is member j's box.
-template <class F>
-std::vector<std::size_t> packed_offsets(const StepContext& c, F&& piece) {
-  const int g = c.plan.src().mesh().size(c.step.mesh_dim), me = c.me[c.step.mesh_dim];
-  std::vector<std::size_t> at(static_cast<std::size_t>(g) + 1, 0);
-  for (int j = 0; j < g; ++j) {
-    const auto u = static_cast<std::size_t>(j);
-    at[u + 1] = at[u] + (j == me ? 0 : bytes_of(piece(j), c.elem));
-  }
-  return at;
-}
-
-// Copies `piece` (a block of the tensor inside both `from_box` and `to_box`) between buffers.
-template <class Ops>
-void copy_piece(const Ops& ops, const std::byte* from, const Box& from_box, std::byte* to,
-                const Box& to_box, const Box& piece, std::size_t elem) {
-  ops.copy_box(from, from_box.shape, relative(piece, from_box), to, to_box.shape,
-               relative(piece, to_box), piece.shape, elem);
-}
-
-// The padded piece shape: `box` with each listed dim widened to the group's largest piece.
-inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64_t range) {
-  shape[dim] =
-      chunk_range(range, c.plan.src().mesh().size(c.step.mesh_dim), 0, c.plan.src().policy()).size;
-  return shape;
-}
-
-// Each run_* performs one step on `ops`'s memory and returns the bytes of staging it allocated.
-template <class B, class Ops>
-std::size_t run_all_gather(B& backend, const Ops& ops, const StepContext& c, const std::byte* cur,
-                           std::byte* out) {
-  const int k = c.step.mesh_dim, i = c.step.before[k].dim();
-  const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const bool even = c.even;
-  const Shape origin(c.have.shape.size(), 0);
-  if (even || c.step.padded) {
-    const Shape piece = padded_shape(c, c.have.shape, i, c.want.shape[i]);
-    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
-    const bool exact = piece == c.have.shape;
-    // Zero-copy: send the block as it is when it is a whole piece; receive straight into the
-    // target when every member's piece is whole (even) and they stack as slabs of it.
-    const bool direct = even && slabs_along(c.want.shape, i);
-    auto send = ops.allocate(exact ? 0 : piece_bytes, true);
-    auto recv = ops.allocate(direct ? 0 : piece_bytes * static_cast<std::size_t>(g));
-    if (!exact)
-      ops.copy_box(cur, c.have.shape, origin, send.data(), piece, origin, c.have.shape, c.elem);
-    backend.all_gather(k, exact ? cur : send.data(), direct ? out : recv.data(), piece_bytes);
-    if (even && !direct) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
-    for (int j = 0; j < g && !even; ++j) {
-      const Box bj = member_box(c, c.before, j);
-      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
-                   c.want.shape, relative(bj, c.want), bj.shape, c.elem);
-    }
-    return send.size() + recv.size();
-  }
-  // Exact: every member's block, whatever its size, in one point-to-point round.
-  const std::vector<std::size_t> at =
-      packed_offsets(c, [&](int j) { return member_box(c, c.before, j); });
-  auto staging = ops.allocate(at.back());
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  for (int j = 0; j < g; ++j) {
-    if (j == me) continue;
-    const auto u = static_cast<std::size_t>(j);
-    if (!c.have.empty()) sends.push_back({global_rank(c, j), cur, bytes_of(c.have, c.elem)});
-    if (at[u + 1] > at[u])
-      recvs.push_back({global_rank(c, j), staging.data() + at[u], at[u + 1] - at[u]});
-  }
-  backend.exchange(sends, recvs);
-  for (int j = 0; j < g; ++j) {
-    const Box bj = member_box(c, c.before, j);
-    const std::byte* from = j == me ? cur : staging.data() + at[static_cast<std::size_t>(j)];
-    copy_piece(ops, from, bj, out, c.want, bj, c.elem);
-  }
-  return staging.size();
-}
-
-template <class B, class Ops>
-std::size_t run_reduce_scatter(B& backend, const Ops& ops, const StepContext& c,
-                               const std::byte* cur, std::byte* out) {
-  const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
-  const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const ReduceOp op = c.step.before[k].reduce_op();
-  const DType dtype = c.plan.src().dtype();
-  const bool even = c.even;
-  const Shape origin(c.want.shape.size(), 0);
-  if (even || c.step.padded) {
-    const Shape piece = padded_shape(c, c.want.shape, j_dim, c.have.shape[j_dim]);
-    const Box piece_box{origin, piece};
-    const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
-    const bool exact = piece == c.want.shape;
-    // Zero-copy: send the block itself when the group is even and its pieces are slabs of it;
-    // receive into the target when this member's piece needs no padding.
-    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
-    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !exact);
-    auto recv = ops.allocate(exact ? 0 : piece_bytes);
-    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
-    for (int j = 0; j < g && !even; ++j) {
-      const Box aj = member_box(c, c.after, j);
-      ops.copy_box(cur, c.have.shape, relative(aj, c.have),
-                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, aj.shape,
-                   c.elem);
-    }
-    backend.reduce_scatter(k, direct_send ? cur : send.data(), exact ? out : recv.data(),
-                           static_cast<std::size_t>(piece_box.numel()), dtype, op);
-    if (!exact)
-      ops.copy_box(recv.data(), piece, origin, out, c.want.shape, origin, c.want.shape, c.elem);
-    return send.size() + recv.size();
-  }
-  // Exact: each member sends every other member its partial of that member's piece, then
-  // reduces the g partials of its own piece in group order.
-  const std::size_t own_bytes = bytes_of(c.want, c.elem);
-  const std::vector<std::size_t> at =
-      packed_offsets(c, [&](int j) { return member_box(c, c.after, j); });
-  auto packed = ops.allocate(at.back());
-  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(g));
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  std::vector<const void*> parts(static_cast<std::size_t>(g));
-  for (int j = 0; j < g; ++j) {
-    const auto u = static_cast<std::size_t>(j);
-    parts[u] = partials.data() + u * own_bytes;
-    if (j == me) {
-      copy_piece(ops, cur, c.have, partials.data() + u * own_bytes, c.want, c.want, c.elem);
-      continue;
-    }
-    const Box aj = member_box(c, c.after, j);
-    copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
-    if (!aj.empty()) sends.push_back({global_rank(c, j), packed.data() + at[u], at[u + 1] - at[u]});
-    if (own_bytes) recvs.push_back({global_rank(c, j), partials.data() + u * own_bytes, own_bytes});
-  }
-  backend.exchange(sends, recvs);
-  ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
-  return packed.size() + partials.size();
-}
-
-template <class B, class Ops>
-std::size_t run_all_to_all(B& backend, const Ops& ops, const StepContext& c, const std::byte* cur,
-                           std::byte* out) {
-  const int k = c.step.mesh_dim;
-  const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
-  const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const bool even = c.even;
-  const Shape origin(c.have.shape.size(), 0);
-  if (even || c.step.padded) {
-    Shape piece = c.have.shape;
-    piece = padded_shape(c, piece, i, c.want.shape[i]);
-    piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
-    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
-    // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
-    // (receive).
-    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
-    const bool direct_recv = even && slabs_along(c.want.shape, i);
-    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
-    auto recv = ops.allocate(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
-    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
-    for (int j = 0; j < g && !even; ++j) {
-      const Box part = intersect(c.have, member_box(c, c.after, j));
-      ops.copy_box(cur, c.have.shape, relative(part, c.have),
-                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin,
-                   part.shape, c.elem);
-    }
-    backend.all_to_all(k, direct_send ? cur : send.data(), direct_recv ? out : recv.data(),
-                       piece_bytes);
-    if (even && !direct_recv) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
-    for (int j = 0; j < g && !even; ++j) {
-      const Box part = intersect(member_box(c, c.before, j), c.want);
-      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
-                   c.want.shape, relative(part, c.want), part.shape, c.elem);
-    }
-    return send.size() + recv.size();
-  }
-  // Exact: what each member sends packed at its offset, what it receives staged at another.
-  const std::vector<std::size_t> send_at =
-      packed_offsets(c, [&](int j) { return intersect(c.have, member_box(c, c.after, j)); });
-  const std::vector<std::size_t> recv_at =
-      packed_offsets(c, [&](int j) { return intersect(member_box(c, c.before, j), c.want); });
-  auto packed = ops.allocate(send_at.back());
-  auto staging = ops.allocate(recv_at.back());
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  for (int j = 0; j < g; ++j) {
-    const auto u = static_cast<std::size_t>(j);
-    const Box to_j = intersect(c.have, member_box(c, c.after, j));
-    if (j == me) {
-      copy_piece(ops, cur, c.have, out, c.want, to_j, c.elem);
-      continue;
-    }
-    copy_piece(ops, cur, c.have, packed.data() + send_at[u], to_j, to_j, c.elem);
-    if (send_at[u + 1] > send_at[u])
-      sends.push_back({global_rank(c, j), packed.data() + send_at[u], send_at[u + 1] - send_at[u]});
-    if (recv_at[u + 1] > recv_at[u])
-      recvs.push_back(
-          {global_rank(c, j), staging.data() + recv_at[u], recv_at[u + 1] - recv_at[u]});
-  }
-  backend.exchange(sends, recvs);
-  for (int j = 0; j < g; ++j) {
-    if (j == me) continue;
-    const Box from_j = intersect(member_box(c, c.before, j), c.want);
-    copy_piece(ops, staging.data() + recv_at[static_cast<std::size_t>(j)], from_j, out, c.want,
-               from_j, c.elem);
-  }
-  return packed.size() + staging.size();
-}
-
-template <class B, class Ops>
-std::size_t run_exchange(B& backend, const Ops& ops, const StepContext& c, const std::byte* cur,
-                         std::byte* out) {
-  const Layout& base = c.plan.src();
-  const DeviceMesh& mesh = base.mesh();
-  // Pieces to other ranks packed one after another, pieces from them staged the same way.
-  struct Piece {
-    int peer;
-    Box box;
-    std::size_t at;
-  };
-  std::vector<Piece> outgoing, incoming;
-  std::size_t send_bytes = 0, recv_bytes = 0;
-  for_each_exchange_target(base, c.step.before, c.step.after, c.me,
-                           [&](const MeshCoord& receiver, const Box& piece) {
-                             if (receiver == c.me) return;
-                             outgoing.push_back({mesh.rank(receiver), piece, send_bytes});
-                             send_bytes += bytes_of(piece, c.elem);
-                           });
-  for_each_exchange_source(base, c.step.before, c.step.after, c.me,
-                           [&](const MeshCoord& source, const Box& piece) {
-                             if (source == c.me) {
-                               copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
-                               return;
-                             }
-                             incoming.push_back({mesh.rank(source), piece, recv_bytes});
-                             recv_bytes += bytes_of(piece, c.elem);
-                           });
-  auto packed = ops.allocate(send_bytes);
-  auto staging = ops.allocate(recv_bytes);
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  for (const Piece& p : outgoing) {
-    copy_piece(ops, cur, c.have, packed.data() + p.at, p.box, p.box, c.elem);
-    sends.push_back({p.peer, packed.data() + p.at, bytes_of(p.box, c.elem)});
-  }
-  for (const Piece& p : incoming)
-    recvs.push_back({p.peer, staging.data() + p.at, bytes_of(p.box, c.elem)});
-  backend.exchange(sends, recvs);
-  for (const Piece& p : incoming)
-    copy_piece(ops, staging.data() + p.at, p.box, out, c.want, p.box, c.elem);
-  return packed.size() + staging.size();
-}
-
-// R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
-template <class Ops>
-void make_partial(const Ops& ops, const StepContext& c, std::byte* out) {
-  const int k = c.step.mesh_dim;
-  const ReduceOp op = c.step.after[k].reduce_op();
-  const int g = c.plan.src().mesh().size(k);
-  const DType dtype = c.plan.src().dtype();
-  const auto count = static_cast<std::size_t>(c.want.numel());
-  const bool keep_one =
-      op == ReduceOp::product || (op == ReduceOp::sum && (c.plan.options().partial_from_replicate ==
-                                                              PartialFromReplicate::keep_one ||
-                                                          !is_floating(dtype)));
-  if (keep_one) {
-    if (c.me[k] != 0) ops.fill_identity(dtype, out, count, op);
-  } else if (op == ReduceOp::sum) {
-    ops.divide(dtype, out, count, g);
-  }
-}
-
-// S(i) -> P(op): the shard placed in a block of the op's identity. avg has no identity: the
-// shard goes in scaled by g among zeros, so that the group's average is the value.
-template <class Ops>
-void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, std::byte* out) {
-  const ReduceOp op = c.step.after[c.step.mesh_dim].reduce_op();
-  const DType dtype = c.plan.src().dtype();
-  const auto count = static_cast<std::size_t>(c.want.numel());
-  ops.fill_identity(dtype, out, count, op);
-  copy_piece(ops, cur, c.have, out, c.want, c.have, c.elem);
-  // The rest of the block is 0, so scaling all of it scales just the piece.
-  if (op == ReduceOp::avg)
-    ops.multiply(dtype, out, count, c.plan.src().mesh().size(c.step.mesh_dim));
-}
-
-}  // namespace detail
 
 namespace detail {
 
@@ -452,96 +104,183 @@ struct ExecuteStats {
   std::int64_t scratch_peak_bytes = 0;
 };
 
+namespace detail {
+
+// Checks the backend and the buffers against the plan; this rank's coordinate.
+template <Backend B>
+MeshCoord check_run(const Plan& plan, const B& backend, std::size_t src_bytes,
+                    std::size_t dst_bytes) {
+  if (!(backend.mesh() == plan.src().mesh()))
+    fail<why::backend_mesh_mismatch>(backend.mesh().shape(), plan.src().mesh().shape());
+  const int rank = backend.rank();
+  const MeshCoord me = plan.src().mesh().coordinate(rank);
+  const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
+  const std::size_t need_src = bytes_of(plan.src().local_box(me), elem);
+  const std::size_t need_dst = bytes_of(plan.dst().local_box(me), elem);
+  if (src_bytes < need_src) fail<why::buffer_too_small>("source", src_bytes, rank, need_src);
+  if (dst_bytes < need_dst) fail<why::buffer_too_small>("target", dst_bytes, rank, need_dst);
+  return me;
+}
+
+template <Backend B, class T>
+void check_span_dtype(const Plan& plan) {
+  if (dtype_of<T> != plan.src().dtype())
+    fail<why::span_dtype_mismatch>(name(dtype_of<T>), name(plan.src().dtype()));
+}
+
+}  // namespace detail
+
+template <Backend B>
+class Execution;
+
+template <Backend B>
+Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::size_t src_bytes,
+                           void* dst, std::size_t dst_bytes);
+
 // Runs `plan` on this rank (backend.rank()): reads its block of plan.src() from `src` and writes
 // its block of plan.dst() to `dst` (row-major, contiguous, in the backend's memory space: host
 // memory, or device memory for a device backend, whose work is then ordered on its stream).
 // `src_bytes` and `dst_bytes` are the buffers' sizes, checked against the blocks. The source is
 // never written; `src` and `dst` do not overlap. Every rank of the mesh must call this with the
-// same plan.
+// same plan, in the same order as its other executions on this backend.
 template <Backend B>
 void execute(const Plan& plan, B& backend, const void* src, std::size_t src_bytes, void* dst,
              std::size_t dst_bytes, ExecuteStats* stats = nullptr) {
-  if (!(backend.mesh() == plan.src().mesh()))
-    detail::fail<detail::why::backend_mesh_mismatch>(backend.mesh().shape(),
-                                                     plan.src().mesh().shape());
-  const int rank = backend.rank();
-  const MeshCoord me = plan.src().mesh().coordinate(rank);
-  const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
-  const std::size_t need_src = detail::bytes_of(plan.src().local_box(me), elem);
-  const std::size_t need_dst = detail::bytes_of(plan.dst().local_box(me), elem);
-  if (src_bytes < need_src)
-    detail::fail<detail::why::buffer_too_small>("source", src_bytes, rank, need_src);
-  if (dst_bytes < need_dst)
-    detail::fail<detail::why::buffer_too_small>("target", dst_bytes, rank, need_dst);
-
-  const auto& ops = local_ops_of(backend);
-  if (plan.empty()) {
-    if (need_dst && dst != src) ops.copy(dst, src, need_dst);
-    return;
+  const MeshCoord me = detail::check_run(plan, backend, src_bytes, dst_bytes);
+  if constexpr (AsyncBackend<B>) {
+    // Blocking operations only once every execution in flight has started all of its.
+    if (!detail::all_started()) {
+      Execution<B> e = execute_async(plan, backend, src, src_bytes, dst, dst_bytes);
+      e.wait();
+      if (stats != nullptr) stats->scratch_peak_bytes = e.scratch_peak_bytes();
+      return;
+    }
   }
-  const auto* cur = static_cast<const std::byte*>(src);
-  // Blocks between steps, reused: each grows to the largest block it holds.
-  using Buffer = std::remove_cvref_t<decltype(ops.allocate(0))>;
-  Buffer buffers[2];
-  for (std::size_t i = 0; i < plan.size(); ++i) {
-    const Step& step = plan[i];
-    const detail::StepContext c{plan,
-                                step,
-                                plan.src().with_placements(step.before),
-                                plan.src().with_placements(step.after),
-                                me,
-                                plan.src().local_box(step.before, me),
-                                plan.src().local_box(step.after, me),
-                                elem,
-                                detail::step_is_even(plan, step)};
-    const bool last = i + 1 == plan.size();
-    std::byte* out;
-    if (last) {
-      out = static_cast<std::byte*>(dst);
-    } else {
-      Buffer& next = buffers[i % 2];
-      if (next.size() < detail::bytes_of(c.want, elem))
-        next = ops.allocate(detail::bytes_of(c.want, elem));
-      out = next.data();
-    }
-    std::size_t staged = 0;
-    switch (step.kind) {
-      case StepKind::identity:
-      case StepKind::chunk:
-        // An identity step's group is one rank: its block is unchanged.
-        detail::copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
-        break;
-      case StepKind::scale:
-        ops.copy(out, cur, detail::bytes_of(c.want, elem));
-        detail::make_partial(ops, c, out);
-        break;
-      case StepKind::fill: detail::fill_partial(ops, c, cur, out); break;
-      case StepKind::all_gather: staged = detail::run_all_gather(backend, ops, c, cur, out); break;
-      case StepKind::reduce_scatter:
-        staged = detail::run_reduce_scatter(backend, ops, c, cur, out);
-        break;
-      case StepKind::all_reduce:
-        backend.all_reduce(step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
-                           plan.src().dtype(), step.before[step.mesh_dim].reduce_op());
-        break;
-      case StepKind::all_to_all: staged = detail::run_all_to_all(backend, ops, c, cur, out); break;
-      case StepKind::exchange: staged = detail::run_exchange(backend, ops, c, cur, out); break;
-    }
-    if (stats != nullptr) {
-      const auto held = static_cast<std::int64_t>(buffers[0].size() + buffers[1].size() + staged);
-      stats->scratch_peak_bytes = std::max(stats->scratch_peak_bytes, held);
-    }
-    cur = out;
-  }
+  detail::Task<void> run =
+      detail::run_plan(plan, detail::Link<B>{backend}, me, static_cast<const std::byte*>(src),
+                       static_cast<std::byte*>(dst), stats ? &stats->scratch_peak_bytes : nullptr);
+  run.handle().resume();  // blocking operations: it runs to the end without suspending
+  run.result();
 }
 
 // Typed spans: the element type must be the plan's dtype.
 template <Backend B, class T>
 void execute(const Plan& plan, B& backend, std::span<const T> src, std::span<T> dst,
              ExecuteStats* stats = nullptr) {
-  if (dtype_of<T> != plan.src().dtype())
-    detail::fail<detail::why::span_dtype_mismatch>(name(dtype_of<T>), name(plan.src().dtype()));
+  detail::check_span_dtype<B, T>(plan);
   execute(plan, backend, src.data(), src.size_bytes(), dst.data(), dst.size_bytes(), stats);
+}
+
+// A plan running in the background on one rank, from execute_async: wait() for it (or test()
+// until it says done) before touching its buffers. On a backend with asynchronous operations
+// (MPI) its steps advance inside test() and wait() of any execution on that backend; on a
+// stream-ordered backend (NCCL) it is enqueued and wait() waits for the stream to reach it;
+// otherwise it has already run. Destroying a running execution waits for it, dropping its error.
+template <Backend B>
+class [[nodiscard]] Execution {
+ public:
+  Execution(Execution&& other) noexcept
+      : state_(std::exchange(other.state_, State{})), scratch_peak_(other.scratch_peak_) {}
+  Execution& operator=(Execution&& other) noexcept {
+    if (this != &other) {
+      finish_quietly();
+      state_ = std::exchange(other.state_, State{});
+      scratch_peak_ = other.scratch_peak_;
+    }
+    return *this;
+  }
+  Execution(const Execution&) = delete;
+  Execution& operator=(const Execution&) = delete;
+  ~Execution() { finish_quietly(); }
+
+  // Advances without blocking; whether the execution has finished (its error, if any, is
+  // thrown by wait()).
+  bool test() {
+    if constexpr (AsyncBackend<B>)
+      return !state_ || detail::poll(*state_);
+    else if constexpr (StreamBackend<B>)
+      return !state_.fence || state_.fence->ready();
+    else
+      return true;
+  }
+
+  // Waits until the execution has finished; throws its error. Returns at once the second time.
+  void wait() {
+    if constexpr (AsyncBackend<B>) {
+      if (!state_) return;
+      auto running = std::move(state_);
+      detail::drive(*running);
+      scratch_peak_ = running->scratch_peak;
+      running->task.result();
+    } else if constexpr (StreamBackend<B>) {
+      if (state_.fence) std::exchange(state_.fence, std::nullopt)->wait();
+    }
+  }
+
+  // The most scratch memory the run held at once (ExecuteStats); final once wait() returned.
+  [[nodiscard]] std::int64_t scratch_peak_bytes() const noexcept {
+    if constexpr (AsyncBackend<B>)
+      return state_ ? state_->scratch_peak : scratch_peak_;
+    else
+      return scratch_peak_;
+  }
+
+ private:
+  friend Execution execute_async<B>(const Plan&, B&, const void*, std::size_t, void*, std::size_t);
+  struct Enqueued {
+    std::optional<decltype(std::declval<B&>().record())> fence;
+  };
+  using State = std::conditional_t<AsyncBackend<B>, std::unique_ptr<detail::Running<B>>,
+                                   std::conditional_t<StreamBackend<B>, Enqueued, std::monostate>>;
+
+  Execution() = default;
+
+  void finish_quietly() noexcept {
+    try {
+      wait();
+    } catch (...) {  // NOLINT(bugprone-empty-catch): documented, wait() reports errors
+    }
+  }
+
+  State state_{};
+  std::int64_t scratch_peak_ = 0;
+};
+
+// Starts `plan` on this rank and returns while it runs: the same arguments and checks as
+// execute(), and the same order rule (every rank starts its executions on a backend in the same
+// order), but `src` and `dst` must stay valid and untouched until the execution has finished.
+// Several executions may be in flight on one backend and finish in any order; on MPI, a second
+// MpiBackend on the same ranks gives a second, independent queue (like a second stream).
+template <Backend B>
+Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::size_t src_bytes,
+                           void* dst, std::size_t dst_bytes) {
+  const MeshCoord me = detail::check_run(plan, backend, src_bytes, dst_bytes);
+  Execution<B> e;
+  if constexpr (AsyncBackend<B>) {
+    auto running = std::make_unique<detail::Running<B>>(backend, plan);
+    running->task = detail::run_plan(running->plan, detail::Link<B>{backend, running.get()}, me,
+                                     static_cast<const std::byte*>(src),
+                                     static_cast<std::byte*>(dst), &running->scratch_peak);
+    ExecutionQueue& queue = backend.executions();
+    queue.push(running.get());
+    // Its local work up to its first operation, which starts now if its turn has come.
+    running->task.handle().resume();
+    if (running->done()) queue.remove(running.get());
+    e.state_ = std::move(running);
+  } else {
+    ExecuteStats stats;
+    execute(plan, backend, src, src_bytes, dst, dst_bytes, &stats);
+    e.scratch_peak_ = stats.scratch_peak_bytes;
+    if constexpr (StreamBackend<B>) e.state_.fence.emplace(backend.record());
+  }
+  return e;
+}
+
+// Typed spans: the element type must be the plan's dtype.
+template <Backend B, class T>
+Execution<B> execute_async(const Plan& plan, B& backend, std::span<const T> src, std::span<T> dst) {
+  detail::check_span_dtype<B, T>(plan);
+  return execute_async(plan, backend, src.data(), src.size_bytes(), dst.data(), dst.size_bytes());
 }
 
 }  // namespace dtensor

@@ -101,7 +101,7 @@ struct HostOps {
               ReduceOp op) const {
     detail::visit_dtype(dtype, [&]<class T>() {
       constexpr std::size_t on_stack = 64;
-      const T* small[on_stack];
+      const T* small[on_stack] = {};
       std::unique_ptr<const T*[]> large;
       const T** in = small;
       if (parts.size() > on_stack) {

@@ -4,6 +4,7 @@
 
 #include <dtensor/backend/nccl.cuh>
 #include <dtensor/execute.hpp>
+#include <dtensor/parse.hpp>
 #include <dtensor/planner.hpp>
 #include <dtensor/verify.hpp>
 
@@ -154,4 +155,26 @@ TEST_CASE("NCCL and CUDA errors become named exceptions", "[nccl][errors]") {
   CHECK_THROWS_WITH(b.exchange({}, lonely), Catch::Contains("without a matching send"));
   CHECK_THROWS_WITH(cuda::check(cudaErrorInvalidValue, "cudaMemcpyAsync"),
                     Catch::Contains("cudaMemcpyAsync failed: invalid argument"));
+}
+
+TEST_CASE("execute_async on NCCL: enqueued at once, a fence to wait for", "[nccl][async]") {
+  NcclComm world(nccl_unique_id(), 1, 0);
+  Stream stream;
+  const DeviceMesh mesh({1, 1});
+  NcclBackend b(world.get(), mesh, stream.s);
+  const Layout src(mesh, parse_placements("S(0),R"), {64, 1024}, DType::f32);
+  const Layout dst(mesh, parse_placements("R,S(1)"), {64, 1024}, DType::f32);
+  const Plan plan = plan_redistribute(src, dst);
+  const std::size_t n = 64 * 1024;
+  Device<float> in(n), out_sync(n), out_async(n);
+  in.set(iota(n, 3.0f));
+  execute(plan, b, in.p, n * sizeof(float), out_sync.p, n * sizeof(float));
+  b.synchronize();
+  std::vector<Execution<NcclBackend>> running;
+  for (int i = 0; i < 8; ++i)
+    running.push_back(
+        execute_async(plan, b, in.p, n * sizeof(float), out_async.p, n * sizeof(float)));
+  for (auto it = running.rbegin(); it != running.rend(); ++it) it->wait();
+  CHECK(running.front().test());
+  CHECK(out_async.get() == out_sync.get());
 }

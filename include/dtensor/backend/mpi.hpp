@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -83,51 +84,93 @@ class MpiBackend {
     if (world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
   }
 
+  // An operation in flight (start_*): its MPI requests, and what remains to do once they are
+  // complete (f16 and bf16 results narrowed from float, avg divided).
+  class Request {
+   public:
+    Request() = default;
+    Request(Request&&) noexcept = default;
+    Request& operator=(Request&&) noexcept = default;
+
+   private:
+    friend class MpiBackend;
+    std::vector<MPI_Request> requests_;
+    std::vector<std::byte> wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
+    std::function<void()> then_;
+  };
+
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
 
+  // The blocking operations (Backend).
   void all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const int n = count_of(bytes, "MPI_Allgather");
     check(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim)), "MPI_Allgather");
   }
-
   void reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                       ReduceOp op) {
-    const int g = mesh_.size(mesh_dim);
-    reduce(send, recv, count, count * static_cast<std::size_t>(g), dtype, op, mesh_dim, true);
+    reduce(send, recv, count, dtype, op, mesh_dim, true, nullptr);
   }
-
   void all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                   ReduceOp op) {
-    reduce(send, recv, count, count, dtype, op, mesh_dim, false);
+    reduce(send, recv, count, dtype, op, mesh_dim, false, nullptr);
   }
-
   void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const int n = count_of(bytes, "MPI_Alltoall");
     check(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim)), "MPI_Alltoall");
   }
-
   void exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
+    Request r = start_exchange(sends, recvs);
+    wait(r);
+  }
+
+  // The same operations started and finished later (AsyncBackend), with MPI's nonblocking
+  // collectives: execute_async overlaps them with the caller's work.
+  Request start_all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    Request r;
+    const int n = count_of(bytes, "MPI_Iallgather");
+    check(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
+                         &r.requests_.emplace_back()),
+          "MPI_Iallgather");
+    return r;
+  }
+  Request start_reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count,
+                               DType dtype, ReduceOp op) {
+    Request r;
+    reduce(send, recv, count, dtype, op, mesh_dim, true, &r);
+    return r;
+  }
+  Request start_all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count,
+                           DType dtype, ReduceOp op) {
+    Request r;
+    reduce(send, recv, count, dtype, op, mesh_dim, false, &r);
+    return r;
+  }
+  Request start_all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    Request r;
+    const int n = count_of(bytes, "MPI_Ialltoall");
+    check(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
+                        &r.requests_.emplace_back()),
+          "MPI_Ialltoall");
+    return r;
+  }
+  Request start_exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
     constexpr int tag = 0x6474;  // "dt"
-    std::vector<MPI_Request> requests;
+    Request request;
+    std::vector<MPI_Request>& requests = request.requests_;
     requests.reserve(sends.size() + recvs.size());
-    auto post_all = [&] {
-      for (const RecvMessage& r : recvs) {
-        if (r.peer == rank_ || r.bytes == 0) continue;
-        requests.emplace_back();
-        check(MPI_Irecv(r.data, count_of(r.bytes, "MPI_Irecv"), MPI_BYTE, r.peer, tag, world_,
-                        &requests.back()),
-              "MPI_Irecv");
-      }
-      for (const SendMessage& s : sends) {
-        if (s.peer == rank_ || s.bytes == 0) continue;
-        requests.emplace_back();
-        check(MPI_Isend(s.data, count_of(s.bytes, "MPI_Isend"), MPI_BYTE, s.peer, tag, world_,
-                        &requests.back()),
-              "MPI_Isend");
-      }
-    };
-    post_all();
+    for (const RecvMessage& r : recvs) {
+      if (r.peer == rank_ || r.bytes == 0) continue;
+      check(MPI_Irecv(r.data, count_of(r.bytes, "MPI_Irecv"), MPI_BYTE, r.peer, tag, world_,
+                      &requests.emplace_back()),
+            "MPI_Irecv");
+    }
+    for (const SendMessage& s : sends) {
+      if (s.peer == rank_ || s.bytes == 0) continue;
+      check(MPI_Isend(s.data, count_of(s.bytes, "MPI_Isend"), MPI_BYTE, s.peer, tag, world_,
+                      &requests.emplace_back()),
+            "MPI_Isend");
+    }
     // Messages to itself, in order.
     std::size_t next_self = 0;
     for (const RecvMessage& r : recvs) {
@@ -139,9 +182,30 @@ class MpiBackend {
         throw error("MpiBackend::exchange: a receive from itself has no matching send");
       std::memcpy(r.data, sends[next_self++].data, r.bytes);
     }
-    check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE),
-          "MPI_Waitall");
+    return request;
   }
+
+  // Whether `r` has finished; finishes it if so.
+  bool test(Request& r) {
+    int flag = 1;
+    if (!r.requests_.empty())
+      check(MPI_Testall(static_cast<int>(r.requests_.size()), r.requests_.data(), &flag,
+                        MPI_STATUSES_IGNORE),
+            "MPI_Testall");
+    if (flag) finish(r);
+    return flag != 0;
+  }
+  // Waits until `r` has finished.
+  void wait(Request& r) {
+    if (!r.requests_.empty())
+      check(MPI_Waitall(static_cast<int>(r.requests_.size()), r.requests_.data(),
+                        MPI_STATUSES_IGNORE),
+            "MPI_Waitall");
+    finish(r);
+  }
+
+  // The executions in flight on this backend (execute_async keeps them in order).
+  [[nodiscard]] ExecutionQueue& executions() noexcept { return executions_; }
 
  private:
   // Throws dtensor::error naming the MPI call and its error string.
@@ -207,46 +271,69 @@ class MpiBackend {
       return MPI_UINT8_T;
   }
 
-  // Reduce-scatter (each member gets its `count` elements) or all-reduce (`count` == `total`).
-  void reduce(const void* send, void* recv, std::size_t count, std::size_t total, DType dtype,
-              ReduceOp op, int mesh_dim, bool scatter) {
+  void finish(Request& r) {
+    r.requests_.clear();
+    r.wide_in_ = {};
+    if (r.then_) std::exchange(r.then_, nullptr)();
+    r.wide_out_ = {};
+  }
+
+  // Reduce-scatter (each member gets its `count` elements of `count` * g) or all-reduce: blocking
+  // when `started` is null, else started into it.
+  void reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
+              int mesh_dim, bool scatter, Request* started) {
     const MPI_Comm comm = group(mesh_dim);
     const int g = mesh_.size(mesh_dim);
+    const std::size_t total = scatter ? count * static_cast<std::size_t>(g) : count;
+    Request blocking;
+    Request& r = started != nullptr ? *started : blocking;
     detail::visit_dtype(dtype, [&]<class T>() {
       using C = detail::compute_t<T>;  // float for f16 and bf16: reduce in float
-      const C* in = nullptr;
-      C* out = nullptr;
-      std::vector<C> wide_in, wide_out;
-      if constexpr (std::is_same_v<C, T>) {
-        in = static_cast<const C*>(send);
-        out = static_cast<C*>(recv);
-      } else {
-        wide_in.resize(total);
-        wide_out.resize(count);
+      const C* in = static_cast<const C*>(send);
+      C* out = static_cast<C*>(recv);
+      if constexpr (!std::is_same_v<C, T>) {
+        r.wide_in_.resize(total * sizeof(C));
+        r.wide_out_.resize(count * sizeof(C));
+        C* wide = reinterpret_cast<C*>(r.wide_in_.data());
         for (std::size_t i = 0; i < total; ++i)
-          wide_in[i] = detail::widen(static_cast<const T*>(send)[i]);
-        in = wide_in.data();
-        out = wide_out.data();
+          wide[i] = detail::widen(static_cast<const T*>(send)[i]);
+        in = wide;
+        out = reinterpret_cast<C*>(r.wide_out_.data());
       }
       const MPI_Op mpi_op = op_for<C>(op);
-      const int n = count_of(count, scatter ? "MPI_Reduce_scatter_block" : "MPI_Allreduce");
-      if (scatter)
-        check(MPI_Reduce_scatter_block(in, out, n, mpi_type<C>(), mpi_op, comm),
-              "MPI_Reduce_scatter_block");
+      const char* name = started ? (scatter ? "MPI_Ireduce_scatter_block" : "MPI_Iallreduce")
+                                 : (scatter ? "MPI_Reduce_scatter_block" : "MPI_Allreduce");
+      const int n = count_of(count, name);
+      if (started == nullptr && scatter)
+        check(MPI_Reduce_scatter_block(in, out, n, mpi_type<C>(), mpi_op, comm), name);
+      else if (started == nullptr)
+        check(MPI_Allreduce(in, out, n, mpi_type<C>(), mpi_op, comm), name);
+      else if (scatter)
+        check(MPI_Ireduce_scatter_block(in, out, n, mpi_type<C>(), mpi_op, comm,
+                                        &r.requests_.emplace_back()),
+              name);
       else
-        check(MPI_Allreduce(in, out, n, mpi_type<C>(), mpi_op, comm), "MPI_Allreduce");
-      if (op == ReduceOp::avg)
-        for (std::size_t i = 0; i < count; ++i) out[i] = static_cast<C>(out[i] / static_cast<C>(g));
-      if constexpr (!std::is_same_v<C, T>)
-        for (std::size_t i = 0; i < count; ++i)
-          static_cast<T*>(recv)[i] = detail::narrow<T>(out[i]);
+        check(MPI_Iallreduce(in, out, n, mpi_type<C>(), mpi_op, comm, &r.requests_.emplace_back()),
+              name);
+      // Once complete: the average, and the narrowing back to f16 or bf16.
+      if (op == ReduceOp::avg || !std::is_same_v<C, T>)
+        r.then_ = [out, recv, count, g, op] {
+          if (op == ReduceOp::avg)
+            for (std::size_t i = 0; i < count; ++i)
+              out[i] = static_cast<C>(out[i] / static_cast<C>(g));
+          if constexpr (!std::is_same_v<C, T>)
+            for (std::size_t i = 0; i < count; ++i)
+              static_cast<T*>(recv)[i] = detail::narrow<T>(out[i]);
+        };
     });
+    if (started == nullptr) finish(blocking);
   }
 
   DeviceMesh mesh_;
   MPI_Comm world_ = MPI_COMM_NULL;
   int rank_ = 0;
   std::vector<MPI_Comm> groups_;
+  ExecutionQueue executions_;
   // Reduction ops per element type (by detail::dtype_index) and ReduceOp, made on first use.
   MPI_Op ops_[8][5] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
                        {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},

@@ -237,24 +237,55 @@ class NcclBackend {
   // On an error, or after Options::timeout, aborts the communicators and throws: a failed peer
   // ends this rank's wait instead of hanging it.
   void synchronize() {
-    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-    for (;;) {
-      const cudaError_t status = cudaStreamQuery(stream_);
-      if (status == cudaSuccess) return;
-      if (status != cudaErrorNotReady) {
-        abort();
-        cuda::check(status, "cudaStreamQuery");
-      }
-      poll_all();
-      if (std::chrono::steady_clock::now() > deadline) {
-        abort();
-        throw error("NcclBackend::synchronize: the stream did not finish within " +
-                    std::to_string(options_.timeout.count()) +
-                    " ms; the communicators were aborted");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    wait_until([this] { return cudaStreamQuery(stream_); }, "cudaStreamQuery");
   }
+
+  // A point on the stream (StreamBackend): the work enqueued before it. execute_async records
+  // one after a plan, and the execution's wait() is this fence's.
+  class Fence {
+   public:
+    explicit Fence(NcclBackend& backend) : backend_(&backend) {
+      cuda::check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+                  "cudaEventCreateWithFlags");
+      const cudaError_t recorded = cudaEventRecord(event_, backend.stream_);
+      if (recorded != cudaSuccess) {
+        cudaEventDestroy(event_);
+        cuda::check(recorded, "cudaEventRecord");
+      }
+    }
+    Fence(Fence&& other) noexcept
+        : backend_(other.backend_), event_(std::exchange(other.event_, nullptr)) {}
+    Fence& operator=(Fence&& other) noexcept {
+      std::swap(backend_, other.backend_);
+      std::swap(event_, other.event_);
+      return *this;
+    }
+    ~Fence() {
+      if (event_ != nullptr) cudaEventDestroy(event_);
+    }
+
+    // Whether the work before the fence has finished; an NCCL or CUDA error throws (and aborts
+    // the communicators).
+    bool ready() {
+      const cudaError_t status = cudaEventQuery(event_);
+      if (status == cudaSuccess) return true;
+      if (status != cudaErrorNotReady) {
+        backend_->abort();
+        cuda::check(status, "cudaEventQuery");
+      }
+      backend_->poll_all();
+      return false;
+    }
+    // Waits for the work before the fence, as synchronize() waits for the whole stream.
+    void wait() {
+      backend_->wait_until([this] { return cudaEventQuery(event_); }, "cudaEventQuery");
+    }
+
+   private:
+    NcclBackend* backend_;
+    cudaEvent_t event_ = nullptr;
+  };
+  [[nodiscard]] Fence record() { return Fence(*this); }
 
   // Aborts every group communicator (not the world, which the caller owns).
   void abort() noexcept {
@@ -262,6 +293,29 @@ class NcclBackend {
   }
 
  private:
+  // Polls `query` (a cudaStreamQuery or cudaEventQuery) until it succeeds, checking the
+  // communicators for asynchronous errors; aborts them on an error or after Options::timeout.
+  template <class Query>
+  void wait_until(Query query, const char* call) {
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    for (;;) {
+      const cudaError_t status = query();
+      if (status == cudaSuccess) return;
+      if (status != cudaErrorNotReady) {
+        abort();
+        cuda::check(status, call);
+      }
+      poll_all();
+      if (std::chrono::steady_clock::now() > deadline) {
+        abort();
+        throw error("NcclBackend: the stream did not reach the point waited for within " +
+                    std::to_string(options_.timeout.count()) +
+                    " ms; the communicators were aborted");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
   // Checks an NCCL call's result and its communicator's asynchronous error.
   void call(ncclResult_t result, const char* name, ncclComm_t comm) {
     if (result != ncclSuccess && result != ncclInProgress) {
@@ -309,6 +363,6 @@ class NcclBackend {
   std::vector<NcclComm> groups_;
 };
 
-static_assert(Backend<NcclBackend>);
+static_assert(Backend<NcclBackend> && StreamBackend<NcclBackend>);
 
 }  // namespace dtensor

@@ -1,0 +1,173 @@
+#pragma once
+
+#include <coroutine>
+#include <cstddef>
+#include <exception>
+#include <span>
+
+#include "../backend.hpp"
+
+// How the executor's steps reach their backend: `co_await link.all_gather(...)` and so on. A
+// synchronous run calls the blocking operation and never suspends; an asynchronous run
+// (execute_async) suspends there, and its driver (in_flight.hpp) starts the operation when its
+// turn comes and resumes the step once the operation has finished.
+namespace dtensor::detail {
+
+template <class B>
+struct Running;
+template <class B>
+struct Link;
+
+// What start_* returns on an asynchronous backend; nothing otherwise.
+struct NoRequest {};
+template <class B>
+struct request_of {
+  using type = NoRequest;
+};
+template <AsyncBackend B>
+struct request_of<B> {
+  using type = typename B::Request;
+};
+template <class B>
+using RequestOf = typename request_of<B>::type;
+
+// An operation an asynchronous run waits for: parked until its turn, then in flight.
+template <class B>
+struct PendingOp {
+  RequestOf<B> request{};
+  std::exception_ptr error;
+  bool started = false;
+
+  PendingOp() = default;
+  PendingOp(const PendingOp&) = delete;
+  PendingOp& operator=(const PendingOp&) = delete;
+  virtual RequestOf<B> start(B& backend) = 0;
+
+ protected:
+  ~PendingOp() = default;
+};
+
+// The awaitable of one operation; `Call` runs it blocking (`run`) or starts it (`start`).
+template <class B, class Call>
+class Operation final : public PendingOp<B> {
+ public:
+  Operation(const Link<B>& link, const Call& call) : link_(link), call_(call) {}
+
+  bool await_ready() {
+    if (link_.running != nullptr) return false;
+    call_.run(link_.backend);
+    return true;
+  }
+  void await_suspend(std::coroutine_handle<> step) {
+    if constexpr (AsyncBackend<B>) link_.running->park(*this, step);
+  }
+  void await_resume() const {
+    if (this->error) std::rethrow_exception(this->error);
+  }
+  RequestOf<B> start(B& backend) override {
+    if constexpr (AsyncBackend<B>)
+      return call_.start(backend);
+    else
+      return {};
+  }
+
+ private:
+  Link<B> link_;
+  Call call_;
+};
+
+struct AllGatherCall {
+  int mesh_dim;
+  const void* send;
+  void* recv;
+  std::size_t bytes;
+  template <class B>
+  void run(B& b) const {
+    b.all_gather(mesh_dim, send, recv, bytes);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_all_gather(mesh_dim, send, recv, bytes);
+  }
+};
+
+// Reduce-scatter when `scatter`, all-reduce otherwise.
+struct ReduceCall {
+  bool scatter;
+  int mesh_dim;
+  const void* send;
+  void* recv;
+  std::size_t count;
+  DType dtype;
+  ReduceOp op;
+  template <class B>
+  void run(B& b) const {
+    if (scatter)
+      b.reduce_scatter(mesh_dim, send, recv, count, dtype, op);
+    else
+      b.all_reduce(mesh_dim, send, recv, count, dtype, op);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return scatter ? b.start_reduce_scatter(mesh_dim, send, recv, count, dtype, op)
+                   : b.start_all_reduce(mesh_dim, send, recv, count, dtype, op);
+  }
+};
+
+struct AllToAllCall {
+  int mesh_dim;
+  const void* send;
+  void* recv;
+  std::size_t bytes;
+  template <class B>
+  void run(B& b) const {
+    b.all_to_all(mesh_dim, send, recv, bytes);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_all_to_all(mesh_dim, send, recv, bytes);
+  }
+};
+
+// The messages must stay where they are until the exchange finishes (they do: the step that
+// awaits it owns them).
+struct ExchangeCall {
+  std::span<const SendMessage> sends;
+  std::span<const RecvMessage> recvs;
+  template <class B>
+  void run(B& b) const {
+    b.exchange(sends, recvs);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_exchange(sends, recvs);
+  }
+};
+
+// A backend for one run: blocking operations, or those of the asynchronous run `running`. Each
+// operation is awaited: `co_await link.all_gather(...)`.
+template <class B>
+struct Link {
+  B& backend;
+  Running<B>* running = nullptr;
+
+  auto all_gather(int k, const void* send, void* recv, std::size_t bytes) const {
+    return Operation<B, AllGatherCall>(*this, {k, send, recv, bytes});
+  }
+  auto reduce_scatter(int k, const void* send, void* recv, std::size_t count, DType dtype,
+                      ReduceOp op) const {
+    return Operation<B, ReduceCall>(*this, {true, k, send, recv, count, dtype, op});
+  }
+  auto all_reduce(int k, const void* send, void* recv, std::size_t count, DType dtype,
+                  ReduceOp op) const {
+    return Operation<B, ReduceCall>(*this, {false, k, send, recv, count, dtype, op});
+  }
+  auto all_to_all(int k, const void* send, void* recv, std::size_t bytes) const {
+    return Operation<B, AllToAllCall>(*this, {k, send, recv, bytes});
+  }
+  auto exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) const {
+    return Operation<B, ExchangeCall>(*this, {sends, recvs});
+  }
+};
+
+}  // namespace dtensor::detail

@@ -1,0 +1,441 @@
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "../backend.hpp"
+#include "../plan.hpp"
+#include "../planner.hpp"
+#include "link.hpp"
+#include "task.hpp"
+
+// The steps of a plan on one rank's buffers, written once for every backend: each is a
+// coroutine that packs, `co_await`s its collective through a Link (blocking, or started and
+// finished later for execute_async) and unpacks.
+namespace dtensor {
+
+namespace detail {
+
+// How a collective step moves uneven pieces on this group: a native collective on pieces of one
+// size (even, or padded), or exact sizes in one point-to-point round.
+enum class Movement { native, exact };
+
+struct StepContext {
+  const Plan& plan;
+  const Step& step;
+  Layout before, after;
+  MeshCoord me;
+  Box have, want;
+  std::size_t elem;
+  // Every group of the step cuts its pieces equally: one native collective everywhere. The
+  // choice must be the same on every rank, since an exact step is a mesh-wide round.
+  bool even;
+};
+
+// Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
+// among its group.
+inline bool step_is_even(const Plan& plan, const Step& s) {
+  if (s.kind != StepKind::all_gather && s.kind != StepKind::reduce_scatter &&
+      s.kind != StepKind::all_to_all)
+    return true;
+  const Layout& base = plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  const int k = s.mesh_dim, g = mesh.size(k);
+  const int i = s.kind == StepKind::reduce_scatter ? -1 : s.before[k].dim();
+  const int j = s.kind == StepKind::all_gather ? -1 : s.after[k].dim();
+  for (int r = 0; r < mesh.size(); ++r) {
+    const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
+    if (i >= 0 && base.local_box(s.after, c).shape[i] % g != 0) return false;
+    if (j >= 0 && base.local_box(s.before, c).shape[j] % g != 0) return false;
+  }
+  return true;
+}
+
+inline std::size_t bytes_of(const Box& b, std::size_t elem) {
+  return static_cast<std::size_t>(b.numel()) * elem;
+}
+
+inline Shape relative(const Box& inner, const Box& outer) {
+  Shape s = inner.offset;
+  for (std::size_t d = 0; d < s.size(); ++d) s[d] -= outer.offset[d];
+  return s;
+}
+
+// Whether the pieces of `shape` along dim d are contiguous slabs of a row-major buffer (every
+// dim before d has extent 1), so that a gather or scatter along d needs no block transpose.
+inline bool slabs_along(const Shape& shape, int d) {
+  for (int i = 0; i < d; ++i)
+    if (shape[i] != 1) return false;
+  return true;
+}
+
+// The block of member j of this rank's group along the step's mesh dim, under `l`.
+inline Box member_box(const StepContext& c, const Layout& l, int j) {
+  MeshCoord m = c.me;
+  m[c.step.mesh_dim] = j;
+  return l.local_box(m);
+}
+
+inline int global_rank(const StepContext& c, int j) {
+  MeshCoord m = c.me;
+  m[c.step.mesh_dim] = j;
+  return c.plan.src().mesh().rank(m);
+}
+
+// Where each member's piece sits in a buffer that packs the pieces of the other members one
+// after another: offsets[j] for member j (this member's piece takes no room), offsets[g] the
+// total. `piece(j)` is member j's box.
+template <class F>
+std::vector<std::size_t> packed_offsets(const StepContext& c, F&& piece) {
+  const int g = c.plan.src().mesh().size(c.step.mesh_dim), me = c.me[c.step.mesh_dim];
+  std::vector<std::size_t> at(static_cast<std::size_t>(g) + 1, 0);
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    at[u + 1] = at[u] + (j == me ? 0 : bytes_of(piece(j), c.elem));
+  }
+  return at;
+}
+
+// Copies `piece` (a block of the tensor inside both `from_box` and `to_box`) between buffers.
+template <class Ops>
+void copy_piece(const Ops& ops, const std::byte* from, const Box& from_box, std::byte* to,
+                const Box& to_box, const Box& piece, std::size_t elem) {
+  ops.copy_box(from, from_box.shape, relative(piece, from_box), to, to_box.shape,
+               relative(piece, to_box), piece.shape, elem);
+}
+
+// The padded piece shape: `box` with each listed dim widened to the group's largest piece.
+inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64_t range) {
+  shape[dim] =
+      chunk_range(range, c.plan.src().mesh().size(c.step.mesh_dim), 0, c.plan.src().policy()).size;
+  return shape;
+}
+
+// Each run_* performs one step on `ops`'s memory and returns the bytes of staging it allocated.
+// `c` and `ops` live in the caller's frame, which outlives the step.
+template <class B, class Ops>
+Task<std::size_t> run_all_gather(Link<B> link, const Ops& ops, const StepContext& c,
+                                 const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim, i = c.step.before[k].dim();
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const bool even = c.even;
+  const Shape origin(c.have.shape.size(), 0);
+  if (even || c.step.padded) {
+    const Shape piece = padded_shape(c, c.have.shape, i, c.want.shape[i]);
+    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
+    const bool exact = piece == c.have.shape;
+    // Zero-copy: send the block as it is when it is a whole piece; receive straight into the
+    // target when every member's piece is whole (even) and they stack as slabs of it.
+    const bool direct = even && slabs_along(c.want.shape, i);
+    auto send = ops.allocate(exact ? 0 : piece_bytes, true);
+    auto recv = ops.allocate(direct ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    if (!exact)
+      ops.copy_box(cur, c.have.shape, origin, send.data(), piece, origin, c.have.shape, c.elem);
+    co_await link.all_gather(k, exact ? cur : send.data(), direct ? out : recv.data(), piece_bytes);
+    if (even && !direct) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
+    for (int j = 0; j < g && !even; ++j) {
+      const Box bj = member_box(c, c.before, j);
+      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
+                   c.want.shape, relative(bj, c.want), bj.shape, c.elem);
+    }
+    co_return send.size() + recv.size();
+  }
+  // Exact: every member's block, whatever its size, in one point-to-point round.
+  const std::vector<std::size_t> at =
+      packed_offsets(c, [&](int j) { return member_box(c, c.before, j); });
+  auto staging = ops.allocate(at.back());
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for (int j = 0; j < g; ++j) {
+    if (j == me) continue;
+    const auto u = static_cast<std::size_t>(j);
+    if (!c.have.empty()) sends.push_back({global_rank(c, j), cur, bytes_of(c.have, c.elem)});
+    if (at[u + 1] > at[u])
+      recvs.push_back({global_rank(c, j), staging.data() + at[u], at[u + 1] - at[u]});
+  }
+  co_await link.exchange(sends, recvs);
+  for (int j = 0; j < g; ++j) {
+    const Box bj = member_box(c, c.before, j);
+    const std::byte* from = j == me ? cur : staging.data() + at[static_cast<std::size_t>(j)];
+    copy_piece(ops, from, bj, out, c.want, bj, c.elem);
+  }
+  co_return staging.size();
+}
+
+template <class B, class Ops>
+Task<std::size_t> run_reduce_scatter(Link<B> link, const Ops& ops, const StepContext& c,
+                                     const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const ReduceOp op = c.step.before[k].reduce_op();
+  const DType dtype = c.plan.src().dtype();
+  const bool even = c.even;
+  const Shape origin(c.want.shape.size(), 0);
+  if (even || c.step.padded) {
+    const Shape piece = padded_shape(c, c.want.shape, j_dim, c.have.shape[j_dim]);
+    const Box piece_box{origin, piece};
+    const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
+    const bool exact = piece == c.want.shape;
+    // Zero-copy: send the block itself when the group is even and its pieces are slabs of it;
+    // receive into the target when this member's piece needs no padding.
+    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
+    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !exact);
+    auto recv = ops.allocate(exact ? 0 : piece_bytes);
+    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
+    for (int j = 0; j < g && !even; ++j) {
+      const Box aj = member_box(c, c.after, j);
+      ops.copy_box(cur, c.have.shape, relative(aj, c.have),
+                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, aj.shape,
+                   c.elem);
+    }
+    co_await link.reduce_scatter(k, direct_send ? cur : send.data(), exact ? out : recv.data(),
+                                 static_cast<std::size_t>(piece_box.numel()), dtype, op);
+    if (!exact)
+      ops.copy_box(recv.data(), piece, origin, out, c.want.shape, origin, c.want.shape, c.elem);
+    co_return send.size() + recv.size();
+  }
+  // Exact: each member sends every other member its partial of that member's piece, then
+  // reduces the g partials of its own piece in group order.
+  const std::size_t own_bytes = bytes_of(c.want, c.elem);
+  const std::vector<std::size_t> at =
+      packed_offsets(c, [&](int j) { return member_box(c, c.after, j); });
+  auto packed = ops.allocate(at.back());
+  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(g));
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  std::vector<const void*> parts(static_cast<std::size_t>(g));
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    parts[u] = partials.data() + u * own_bytes;
+    if (j == me) {
+      copy_piece(ops, cur, c.have, partials.data() + u * own_bytes, c.want, c.want, c.elem);
+      continue;
+    }
+    const Box aj = member_box(c, c.after, j);
+    copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
+    if (!aj.empty()) sends.push_back({global_rank(c, j), packed.data() + at[u], at[u + 1] - at[u]});
+    if (own_bytes) recvs.push_back({global_rank(c, j), partials.data() + u * own_bytes, own_bytes});
+  }
+  co_await link.exchange(sends, recvs);
+  ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
+  co_return packed.size() + partials.size();
+}
+
+template <class B, class Ops>
+Task<std::size_t> run_all_to_all(Link<B> link, const Ops& ops, const StepContext& c,
+                                 const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim;
+  const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const bool even = c.even;
+  const Shape origin(c.have.shape.size(), 0);
+  if (even || c.step.padded) {
+    Shape piece = c.have.shape;
+    piece = padded_shape(c, piece, i, c.want.shape[i]);
+    piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
+    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
+    // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
+    // (receive).
+    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
+    const bool direct_recv = even && slabs_along(c.want.shape, i);
+    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
+    auto recv = ops.allocate(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
+    for (int j = 0; j < g && !even; ++j) {
+      const Box part = intersect(c.have, member_box(c, c.after, j));
+      ops.copy_box(cur, c.have.shape, relative(part, c.have),
+                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin,
+                   part.shape, c.elem);
+    }
+    co_await link.all_to_all(k, direct_send ? cur : send.data(), direct_recv ? out : recv.data(),
+                             piece_bytes);
+    if (even && !direct_recv) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
+    for (int j = 0; j < g && !even; ++j) {
+      const Box part = intersect(member_box(c, c.before, j), c.want);
+      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
+                   c.want.shape, relative(part, c.want), part.shape, c.elem);
+    }
+    co_return send.size() + recv.size();
+  }
+  // Exact: what each member sends packed at its offset, what it receives staged at another.
+  const std::vector<std::size_t> send_at =
+      packed_offsets(c, [&](int j) { return intersect(c.have, member_box(c, c.after, j)); });
+  const std::vector<std::size_t> recv_at =
+      packed_offsets(c, [&](int j) { return intersect(member_box(c, c.before, j), c.want); });
+  auto packed = ops.allocate(send_at.back());
+  auto staging = ops.allocate(recv_at.back());
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    const Box to_j = intersect(c.have, member_box(c, c.after, j));
+    if (j == me) {
+      copy_piece(ops, cur, c.have, out, c.want, to_j, c.elem);
+      continue;
+    }
+    copy_piece(ops, cur, c.have, packed.data() + send_at[u], to_j, to_j, c.elem);
+    if (send_at[u + 1] > send_at[u])
+      sends.push_back({global_rank(c, j), packed.data() + send_at[u], send_at[u + 1] - send_at[u]});
+    if (recv_at[u + 1] > recv_at[u])
+      recvs.push_back(
+          {global_rank(c, j), staging.data() + recv_at[u], recv_at[u + 1] - recv_at[u]});
+  }
+  co_await link.exchange(sends, recvs);
+  for (int j = 0; j < g; ++j) {
+    if (j == me) continue;
+    const Box from_j = intersect(member_box(c, c.before, j), c.want);
+    copy_piece(ops, staging.data() + recv_at[static_cast<std::size_t>(j)], from_j, out, c.want,
+               from_j, c.elem);
+  }
+  co_return packed.size() + staging.size();
+}
+
+template <class B, class Ops>
+Task<std::size_t> run_exchange(Link<B> link, const Ops& ops, const StepContext& c,
+                               const std::byte* cur, std::byte* out) {
+  const Layout& base = c.plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  // Pieces to other ranks packed one after another, pieces from them staged the same way.
+  struct Piece {
+    int peer;
+    Box box;
+    std::size_t at;
+  };
+  std::vector<Piece> outgoing, incoming;
+  std::size_t send_bytes = 0, recv_bytes = 0;
+  for_each_exchange_target(base, c.step.before, c.step.after, c.me,
+                           [&](const MeshCoord& receiver, const Box& piece) {
+                             if (receiver == c.me) return;
+                             outgoing.push_back({mesh.rank(receiver), piece, send_bytes});
+                             send_bytes += bytes_of(piece, c.elem);
+                           });
+  for_each_exchange_source(base, c.step.before, c.step.after, c.me,
+                           [&](const MeshCoord& source, const Box& piece) {
+                             if (source == c.me) {
+                               copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
+                               return;
+                             }
+                             incoming.push_back({mesh.rank(source), piece, recv_bytes});
+                             recv_bytes += bytes_of(piece, c.elem);
+                           });
+  auto packed = ops.allocate(send_bytes);
+  auto staging = ops.allocate(recv_bytes);
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  for (const Piece& p : outgoing) {
+    copy_piece(ops, cur, c.have, packed.data() + p.at, p.box, p.box, c.elem);
+    sends.push_back({p.peer, packed.data() + p.at, bytes_of(p.box, c.elem)});
+  }
+  for (const Piece& p : incoming)
+    recvs.push_back({p.peer, staging.data() + p.at, bytes_of(p.box, c.elem)});
+  co_await link.exchange(sends, recvs);
+  for (const Piece& p : incoming)
+    copy_piece(ops, staging.data() + p.at, p.box, out, c.want, p.box, c.elem);
+  co_return packed.size() + staging.size();
+}
+
+// R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
+template <class Ops>
+void make_partial(const Ops& ops, const StepContext& c, std::byte* out) {
+  const int k = c.step.mesh_dim;
+  const ReduceOp op = c.step.after[k].reduce_op();
+  const int g = c.plan.src().mesh().size(k);
+  const DType dtype = c.plan.src().dtype();
+  const auto count = static_cast<std::size_t>(c.want.numel());
+  const bool keep_one =
+      op == ReduceOp::product || (op == ReduceOp::sum && (c.plan.options().partial_from_replicate ==
+                                                              PartialFromReplicate::keep_one ||
+                                                          !is_floating(dtype)));
+  if (keep_one) {
+    if (c.me[k] != 0) ops.fill_identity(dtype, out, count, op);
+  } else if (op == ReduceOp::sum) {
+    ops.divide(dtype, out, count, g);
+  }
+}
+
+// S(i) -> P(op): the shard placed in a block of the op's identity. avg has no identity: the
+// shard goes in scaled by g among zeros, so that the group's average is the value.
+template <class Ops>
+void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, std::byte* out) {
+  const ReduceOp op = c.step.after[c.step.mesh_dim].reduce_op();
+  const DType dtype = c.plan.src().dtype();
+  const auto count = static_cast<std::size_t>(c.want.numel());
+  ops.fill_identity(dtype, out, count, op);
+  copy_piece(ops, cur, c.have, out, c.want, c.have, c.elem);
+  // The rest of the block is 0, so scaling all of it scales just the piece.
+  if (op == ReduceOp::avg)
+    ops.multiply(dtype, out, count, c.plan.src().mesh().size(c.step.mesh_dim));
+}
+
+// Every step of `plan` on the rank at `me`: reads its source block from `src`, writes its
+// target block to `dst`, and records in `*scratch_peak` (when given) the most scratch memory it
+// held at once.
+template <class B>
+Task<void> run_plan(const Plan& plan, Link<B> link, MeshCoord me, const std::byte* src,
+                    std::byte* dst, std::int64_t* scratch_peak) {
+  const auto ops = local_ops_of(link.backend);
+  const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
+  if (plan.empty()) {
+    const std::size_t bytes = bytes_of(plan.dst().local_box(me), elem);
+    if (bytes && dst != src) ops.copy(dst, src, bytes);
+    co_return;
+  }
+  const std::byte* cur = src;
+  // Blocks between steps, reused: each grows to the largest block it holds.
+  using Buffer = std::remove_cvref_t<decltype(ops.allocate(0))>;
+  Buffer buffers[2];
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const Step& step = plan[i];
+    const StepContext c{plan,
+                        step,
+                        plan.src().with_placements(step.before),
+                        plan.src().with_placements(step.after),
+                        me,
+                        plan.src().local_box(step.before, me),
+                        plan.src().local_box(step.after, me),
+                        elem,
+                        step_is_even(plan, step)};
+    std::byte* out = dst;
+    if (i + 1 < plan.size()) {
+      Buffer& next = buffers[i % 2];
+      if (next.size() < bytes_of(c.want, elem)) next = ops.allocate(bytes_of(c.want, elem));
+      out = next.data();
+    }
+    std::size_t staged = 0;
+    switch (step.kind) {
+      case StepKind::identity:
+      case StepKind::chunk:
+        // An identity step's group is one rank: its block is unchanged.
+        copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
+        break;
+      case StepKind::scale:
+        ops.copy(out, cur, bytes_of(c.want, elem));
+        make_partial(ops, c, out);
+        break;
+      case StepKind::fill: fill_partial(ops, c, cur, out); break;
+      case StepKind::all_gather: staged = co_await run_all_gather(link, ops, c, cur, out); break;
+      case StepKind::reduce_scatter:
+        staged = co_await run_reduce_scatter(link, ops, c, cur, out);
+        break;
+      case StepKind::all_reduce:
+        co_await link.all_reduce(step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
+                                 plan.src().dtype(), step.before[step.mesh_dim].reduce_op());
+        break;
+      case StepKind::all_to_all: staged = co_await run_all_to_all(link, ops, c, cur, out); break;
+      case StepKind::exchange: staged = co_await run_exchange(link, ops, c, cur, out); break;
+    }
+    if (scratch_peak != nullptr) {
+      const auto held = static_cast<std::int64_t>(buffers[0].size() + buffers[1].size() + staged);
+      *scratch_peak = std::max(*scratch_peak, held);
+    }
+    cur = out;
+  }
+}
+
+}  // namespace detail
+
+}  // namespace dtensor

@@ -1,0 +1,224 @@
+// execute_async on the MPI backend under mpirun -np 8: many plans in flight on one backend and
+// on two, finished by wait() in orders that differ from rank to rank, by test() polling, by a
+// blocking execute() started behind them, and by destruction; every result equals the blocking
+// execute() of the same plan (which mpi_execute checks against the global view) bit for bit.
+#include <dtensor/backend/mpi.hpp>
+#include <dtensor/dtensor.hpp>
+#include <dtensor/execute.hpp>
+#include <dtensor/verify.hpp>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace dtensor;
+
+struct Case {
+  const char* from;
+  const char* to;
+  Shape shape;
+  DType dtype;
+};
+
+// One plan's buffers on this rank: its source block, the blocking run's result, and a target
+// for the asynchronous run.
+struct Job {
+  Plan plan;
+  std::vector<std::byte> src, expected, dst;
+};
+
+std::vector<std::byte> source_block(const Layout& l, int rank) {
+  return detail::visit_dtype(l.dtype(), [&]<class T>() {
+    const std::vector<T> block = global_view_block<T>(l, rank);
+    std::vector<std::byte> bytes(block.size() * sizeof(T));
+    if (!bytes.empty()) std::memcpy(bytes.data(), block.data(), bytes.size());
+    return bytes;
+  });
+}
+
+std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
+  // One-step collectives, multi-step plans, exchanges, uneven and padded steps, reductions in
+  // float for bf16 and avg: every kind of operation, several operations per plan.
+  const Case cases[] = {{"S(0),R", "R,R", {64, 32}, DType::f32},
+                        {"R,P", "R,R", {16, 8}, DType::bf16},
+                        {"P,S(1)", "R,S(0)", {16, 8}, DType::f32},
+                        {"S(0),R", "R,S(0)", {16, 8}, DType::i64},
+                        {"S(0),S(0)", "R,S(0)", {13, 5}, DType::f32},
+                        {"P(avg),S(1)", "S(1),R", {8, 12}, DType::bf16},
+                        {"S(0),S(1)", "S(1),S(0)", {16, 16}, DType::f64},
+                        {"R,S(0)", "P(max),S(1)", {8, 8}, DType::i32},
+                        {"P,P", "S(0),S(1)", {10, 9}, DType::f32},
+                        {"S(1),R", "S(1),R", {4, 4}, DType::f32}};
+  std::vector<Job> jobs;
+  const int rank = backend.rank();
+  for (const Case& c : cases) {
+    const Layout src(mesh, parse_placements(c.from), c.shape, c.dtype);
+    const Layout dst(mesh, parse_placements(c.to), c.shape, c.dtype);
+    Job j{plan_redistribute(src, dst), source_block(src, rank), {}, {}};
+    const auto out = static_cast<std::size_t>(dst.local_numel(rank) * dst.elem_bytes());
+    j.expected.resize(out);
+    j.dst.assign(out, std::byte{0xAB});
+    execute(j.plan, backend, j.src.data(), j.src.size(), j.expected.data(), j.expected.size());
+    jobs.push_back(std::move(j));
+  }
+  return jobs;
+}
+
+class Checker {
+ public:
+  explicit Checker(int rank) : rank_(rank) {}
+
+  // Every rank agrees on the verdict of `name`: `ok` on all ranks.
+  void agree(const std::string& name, bool ok, const std::string& why = "") {
+    int bad = ok ? 0 : 1, any = 0;
+    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!ok) fmt::print(stderr, "rank {}: {} failed: {}\n", rank_, name, why);
+    any ? ++failed_ : ++passed_;
+  }
+  // The async results equal the blocking ones; the targets are reset for the next round.
+  void results(const std::string& name, std::vector<Job>& jobs) {
+    std::string why;
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      if (jobs[i].dst != jobs[i].expected && why.empty())
+        why = fmt::format("plan {} differs from the blocking run", i);
+      std::fill(jobs[i].dst.begin(), jobs[i].dst.end(), std::byte{0xAB});
+    }
+    agree(name, why.empty(), why);
+  }
+  [[nodiscard]] int passed() const { return passed_; }
+  [[nodiscard]] int failed() const { return failed_; }
+
+ private:
+  int rank_;
+  int passed_ = 0, failed_ = 0;
+};
+
+Execution<MpiBackend> start(Job& j, MpiBackend& backend) {
+  return execute_async(j.plan, backend, j.src.data(), j.src.size(), j.dst.data(), j.dst.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Checker check(rank);
+  {
+    const DeviceMesh mesh({2, size / 2});
+    MpiBackend backend(mesh);
+    std::vector<Job> jobs = make_jobs(mesh, backend);
+    const std::size_t n = jobs.size();
+
+    // All in flight on one backend, waited in an order of each rank's own (a shuffle seeded by
+    // the rank): the queue starts their operations in the same order everywhere.
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Execution<MpiBackend>> running;
+      for (Job& j : jobs) running.push_back(start(j, backend));
+      std::vector<std::size_t> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937 rng(static_cast<unsigned>(rank * 7919 + round));
+      std::shuffle(order.begin(), order.end(), rng);
+      for (std::size_t i : order) running[i].wait();
+      check.results(fmt::format("wait in a shuffled order, round {}", round), jobs);
+    }
+
+    // Newest first, and each twice (the second wait returns at once).
+    {
+      std::vector<Execution<MpiBackend>> running;
+      for (Job& j : jobs) running.push_back(start(j, backend));
+      for (std::size_t i = n; i-- > 0;) running[i].wait();
+      for (auto& e : running) e.wait();
+      check.results("wait newest first", jobs);
+    }
+
+    // test() until every one says done, in a rank-dependent rotation.
+    {
+      std::vector<Execution<MpiBackend>> running;
+      for (Job& j : jobs) running.push_back(start(j, backend));
+      std::vector<bool> done(n, false);
+      for (std::size_t finished = 0, i = static_cast<std::size_t>(rank); finished < n; ++i) {
+        const std::size_t k = i % n;
+        if (!done[k] && running[k].test()) done[k] = true, ++finished;
+      }
+      for (auto& e : running) e.wait();  // rethrows errors, if any
+      check.results("test() until done", jobs);
+    }
+
+    // Two backends on the same ranks: two independent queues, interleaved, waited crosswise.
+    {
+      MpiBackend second(mesh);
+      std::vector<Execution<MpiBackend>> a, b;
+      for (std::size_t i = 0; i < n; ++i)
+        (i % 2 ? b : a).push_back(start(jobs[i], i % 2 ? second : backend));
+      if (rank % 2) std::swap(a, b);
+      for (auto& e : b) e.wait();
+      for (auto& e : a) e.wait();
+      check.results("two backends", jobs);
+    }
+
+    // A blocking execute() behind executions in flight runs after them, and they still finish.
+    {
+      std::vector<Execution<MpiBackend>> running;
+      for (std::size_t i = 1; i < n; ++i) running.push_back(start(jobs[i], backend));
+      ExecuteStats stats;
+      execute(jobs[0].plan, backend, jobs[0].src.data(), jobs[0].src.size(), jobs[0].dst.data(),
+              jobs[0].dst.size(), &stats);
+      for (std::size_t i = running.size(); i-- > 0;) running[i].wait();
+      check.results("blocking execute behind executions in flight", jobs);
+      check.agree("scratch reported", stats.scratch_peak_bytes <= workspace_bytes(jobs[0].plan));
+    }
+
+    // Dropped without wait(): destruction waits, so the results are there afterwards.
+    {
+      std::vector<Execution<MpiBackend>> running;
+      for (Job& j : jobs) running.push_back(start(j, backend));
+      running.clear();
+      check.agree("nothing left in flight", backend.executions().empty());
+      check.results("destroyed without wait", jobs);
+    }
+
+    // The source is never written.
+    {
+      std::vector<std::vector<std::byte>> before;
+      for (const Job& j : jobs) before.push_back(j.src);
+      std::vector<Execution<MpiBackend>> running;
+      for (Job& j : jobs) running.push_back(start(j, backend));
+      for (auto& e : running) e.wait();
+      bool same = true;
+      for (std::size_t i = 0; i < n; ++i) same = same && before[i] == jobs[i].src;
+      check.agree("sources untouched", same);
+      check.results("sources untouched (results)", jobs);
+    }
+
+    // Bad arguments are refused when the execution starts, before anything is in flight.
+    {
+      Job& j = jobs[2];
+      std::string message;
+      try {
+        auto e = execute_async(j.plan, backend, j.src.data(), j.src.size(), j.dst.data(),
+                               j.dst.size() > 0 ? j.dst.size() - 1 : 0);
+      } catch (const error& e) {
+        message = e.what();
+      }
+      const bool expected = j.dst.empty()
+                                ? message.empty()
+                                : message.find("target buffer holds") != std::string::npos;
+      check.agree("a target too small is refused", expected, message);
+      check.agree("and leaves nothing in flight", backend.executions().empty());
+    }
+  }
+  if (rank == 0) fmt::print("mpi_async: {} passed, {} failed\n", check.passed(), check.failed());
+  MPI_Finalize();
+  return check.failed() == 0 ? 0 : 1;
+}
