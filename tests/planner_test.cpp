@@ -423,8 +423,9 @@ TEST_CASE("seed 002: sequence-parallel all-to-all and split/gather with grad_sca
   const Plan up = backward_of_gather("P(sum)");
   REQUIRE(kinds(up) == std::vector{K::reduce_scatter});
   CHECK(up[0].from().is_partial(ReduceOp::sum));
-  // grad_scale "down": the ranks' gradients average (Partial(avg)): reduce-scatter with avg,
-  // 1/g of the sum.
+  // Partial(avg): reduce-scatter with avg, 1/g of the sum. It is grad_scale "down" when each
+  // rank's gradient is zero outside its own piece; when every rank holds the same gradient it
+  // gives the piece itself, grad_scale none (examples/sequence_parallel.cpp checks both).
   const Plan down = backward_of_gather("P(avg)");
   REQUIRE(kinds(down) == std::vector{K::reduce_scatter});
   CHECK(down[0].from().is_partial(ReduceOp::avg));
