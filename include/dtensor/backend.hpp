@@ -4,6 +4,7 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "device_mesh.hpp"
@@ -152,6 +153,18 @@ concept StreamBackend = Backend<B> && requires(B& b) {
   { b.record().ready() } -> std::same_as<bool>;
   b.record().wait();
 };
+
+namespace detail {
+// After an error on this rank: a backend that can abort (`abort(why)`, or NCCL's `abort()`) does,
+// so that the other ranks get an error instead of waiting for this one.
+template <class B>
+void abort_after_error(B& b, const char* why) noexcept {
+  if constexpr (requires { b.abort(std::string_view()); })
+    b.abort(why);
+  else if constexpr (requires { b.abort(); })
+    b.abort();
+}
+}  // namespace detail
 
 // The local operations execute() uses with backend `b`: its own where it has them, HostOps
 // otherwise (host memory).

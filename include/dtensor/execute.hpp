@@ -122,10 +122,28 @@ MeshCoord check_run(const Plan& plan, const B& backend, std::size_t src_bytes,
   return me;
 }
 
-template <Backend B, class T>
-void check_span_dtype(const Plan& plan) {
-  if (dtype_of<T> != plan.src().dtype())
-    fail<why::span_dtype_mismatch>(name(dtype_of<T>), name(plan.src().dtype()));
+// Runs `f`; if it throws, aborts the backend first: the other ranks may be past their checks.
+template <Backend B, class F>
+decltype(auto) aborting_on_error(B& backend, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    abort_after_error(backend, e.what());
+    throw;
+  }
+}
+
+template <Backend B>
+MeshCoord checked_run(const Plan& plan, B& backend, std::size_t src_bytes, std::size_t dst_bytes) {
+  return aborting_on_error(backend, [&] { return check_run(plan, backend, src_bytes, dst_bytes); });
+}
+
+template <class T, Backend B>
+void check_span_dtype(const Plan& plan, B& backend) {
+  aborting_on_error(backend, [&] {
+    if (dtype_of<T> != plan.src().dtype())
+      fail<why::span_dtype_mismatch>(name(dtype_of<T>), name(plan.src().dtype()));
+  });
 }
 
 }  // namespace detail
@@ -146,7 +164,7 @@ Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::s
 template <Backend B>
 void execute(const Plan& plan, B& backend, const void* src, std::size_t src_bytes, void* dst,
              std::size_t dst_bytes, ExecuteStats* stats = nullptr) {
-  const MeshCoord me = detail::check_run(plan, backend, src_bytes, dst_bytes);
+  const MeshCoord me = detail::checked_run(plan, backend, src_bytes, dst_bytes);
   if constexpr (AsyncBackend<B>) {
     // Blocking operations only once every execution in flight has started all of its.
     if (!detail::all_started()) {
@@ -160,14 +178,14 @@ void execute(const Plan& plan, B& backend, const void* src, std::size_t src_byte
       detail::run_plan(plan, detail::Link<B>{backend}, me, static_cast<const std::byte*>(src),
                        static_cast<std::byte*>(dst), stats ? &stats->scratch_peak_bytes : nullptr);
   run.handle().resume();  // blocking operations: it runs to the end without suspending
-  run.result();
+  detail::aborting_on_error(backend, [&] { run.result(); });
 }
 
 // Typed spans: the element type must be the plan's dtype.
 template <Backend B, class T>
 void execute(const Plan& plan, B& backend, std::span<const T> src, std::span<T> dst,
              ExecuteStats* stats = nullptr) {
-  detail::check_span_dtype<B, T>(plan);
+  detail::check_span_dtype<T>(plan, backend);
   execute(plan, backend, src.data(), src.size_bytes(), dst.data(), dst.size_bytes(), stats);
 }
 
@@ -254,7 +272,7 @@ class [[nodiscard]] Execution {
 template <Backend B>
 Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::size_t src_bytes,
                            void* dst, std::size_t dst_bytes) {
-  const MeshCoord me = detail::check_run(plan, backend, src_bytes, dst_bytes);
+  const MeshCoord me = detail::checked_run(plan, backend, src_bytes, dst_bytes);
   Execution<B> e;
   if constexpr (AsyncBackend<B>) {
     auto running = std::make_unique<detail::Running<B>>(backend, plan);
@@ -279,7 +297,7 @@ Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::s
 // Typed spans: the element type must be the plan's dtype.
 template <Backend B, class T>
 Execution<B> execute_async(const Plan& plan, B& backend, std::span<const T> src, std::span<T> dst) {
-  detail::check_span_dtype<B, T>(plan);
+  detail::check_span_dtype<T>(plan, backend);
   return execute_async(plan, backend, src.data(), src.size_bytes(), dst.data(), dst.size_bytes());
 }
 

@@ -10,12 +10,17 @@
 #endif
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,64 +30,64 @@
 #include "../errors.hpp"
 
 // The MPI backend: host buffers, one communicator per mesh dim for this rank's group (made
-// with MPI_Comm_split), MPI collectives for the group steps and nonblocking point-to-point
-// for exchanges. Runs across machines. Errors come back as dtensor::error with the call's
-// name and MPI's error string, not aborts.
+// with MPI_Comm_split), MPI's nonblocking collectives for the group steps and point-to-point
+// for exchanges, all waited for by polling. Runs across machines. Errors come back as
+// dtensor::error with the call's name and MPI's error string, not aborts; an error on one rank
+// (or a wait past the timeout) aborts the backend on every rank, so that the others get an
+// error instead of waiting forever for a rank that will not come.
 namespace dtensor {
 
-// One rank of a mesh whose ranks are the ranks of an MPI communicator; satisfies Backend.
+// One rank of a mesh whose ranks are the ranks of an MPI communicator; satisfies Backend and
+// AsyncBackend.
 class MpiBackend {
  public:
   static constexpr MemorySpace memory = MemorySpace::host;
 
+  struct Options {
+    // How long an operation may wait for its peers, counted from the first time the library
+    // waits or polls for it, before this rank aborts the backend and throws.
+    std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  };
+
   // Every process of `world` constructs it (collective), and every one must be in `mesh`:
   // mesh.rank_at(i) are ranks of `world`.
-  explicit MpiBackend(const DeviceMesh& mesh, MPI_Comm world = MPI_COMM_WORLD) : mesh_(mesh) {
-    // A duplicate, so that setting its error handler leaves the caller's communicator alone.
-    check(MPI_Comm_dup(world, &world_), "MPI_Comm_dup");
-    check(MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  explicit MpiBackend(const DeviceMesh& mesh, MPI_Comm world = MPI_COMM_WORLD)
+      : MpiBackend(mesh, world, Options{}) {}
+  MpiBackend(const DeviceMesh& mesh, MPI_Comm world, Options options)
+      : mesh_(mesh), options_(options), state_(std::make_unique<State>()) {
+    State& st = *state_;
+    // Duplicates, so that setting their error handler leaves the caller's communicator alone;
+    // `control` carries abort notices, apart from all data.
+    check(MPI_Comm_dup(world, &st.world), "MPI_Comm_dup");
+    check(MPI_Comm_set_errhandler(st.world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     int size = 0;
-    check(MPI_Comm_rank(world_, &rank_), "MPI_Comm_rank");
-    check(MPI_Comm_size(world_, &size), "MPI_Comm_size");
+    check(MPI_Comm_rank(st.world, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(st.world, &size), "MPI_Comm_size");
     if (size != mesh.size() || !mesh.contains(rank_)) {
-      MPI_Comm_free(&world_);
+      MPI_Comm_free(&st.world);
       throw error("MpiBackend: the communicator has " + std::to_string(size) +
                   " ranks, but the mesh has " + std::to_string(mesh.size()) +
                   " and must hold every one of them (rank " + std::to_string(rank_) + ")");
     }
+    check(MPI_Comm_dup(st.world, &st.control), "MPI_Comm_dup");
     for (int k = 0; k < mesh.ndim(); ++k) {
       const MeshGroup g = mesh.group(rank_, k);
       MPI_Comm comm = MPI_COMM_NULL;
-      check(MPI_Comm_split(world_, g.first, g.index, &comm), "MPI_Comm_split");
+      check(MPI_Comm_split(st.world, g.first, g.index, &comm), "MPI_Comm_split");
       check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-      groups_.push_back(comm);
+      st.groups.push_back(comm);
     }
+    check(MPI_Irecv(st.notice_in, sizeof(st.notice_in), MPI_CHAR, MPI_ANY_SOURCE, notice_tag,
+                    st.control, &st.notice_request),
+          "MPI_Irecv");
   }
 
   MpiBackend(const MpiBackend&) = delete;
   MpiBackend& operator=(const MpiBackend&) = delete;
-  MpiBackend(MpiBackend&& other) noexcept
-      : mesh_(other.mesh_),
-        world_(std::exchange(other.world_, MPI_COMM_NULL)),
-        rank_(other.rank_),
-        groups_(std::move(other.groups_)) {
-    std::memcpy(ops_, other.ops_, sizeof(ops_));
-    for (auto& row : other.ops_)
-      for (MPI_Op& op : row) op = MPI_OP_NULL;
-  }
+  // Not while executions are in flight on it.
+  MpiBackend(MpiBackend&&) noexcept = default;
   MpiBackend& operator=(MpiBackend&&) = delete;
-
-  ~MpiBackend() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (finalized) return;
-    for (auto& row : ops_)
-      for (MPI_Op& op : row)
-        if (op != MPI_OP_NULL) MPI_Op_free(&op);
-    for (MPI_Comm& c : groups_)
-      if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
-    if (world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
-  }
+  ~MpiBackend() = default;
 
   // An operation in flight (start_*): its MPI requests, and what remains to do once they are
   // complete (f16 and bf16 results narrowed from float, avg divided).
@@ -94,30 +99,36 @@ class MpiBackend {
 
    private:
     friend class MpiBackend;
+    const char* call_ = "";
     std::vector<MPI_Request> requests_;
     std::vector<std::byte> wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
     std::function<void()> then_;
+    std::optional<std::chrono::steady_clock::time_point> deadline_;
   };
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
+  [[nodiscard]] const Options& options() const noexcept { return options_; }
 
-  // The blocking operations (Backend).
+  // The blocking operations (Backend): started, then waited for by polling, so that a timeout
+  // or another rank's abort ends the wait.
   void all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
-    const int n = count_of(bytes, "MPI_Allgather");
-    check(MPI_Allgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim)), "MPI_Allgather");
+    Request r = start_all_gather(mesh_dim, send, recv, bytes);
+    wait(r);
   }
   void reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                       ReduceOp op) {
-    reduce(send, recv, count, dtype, op, mesh_dim, true, nullptr);
+    Request r = start_reduce_scatter(mesh_dim, send, recv, count, dtype, op);
+    wait(r);
   }
   void all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                   ReduceOp op) {
-    reduce(send, recv, count, dtype, op, mesh_dim, false, nullptr);
+    Request r = start_all_reduce(mesh_dim, send, recv, count, dtype, op);
+    wait(r);
   }
   void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
-    const int n = count_of(bytes, "MPI_Alltoall");
-    check(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim)), "MPI_Alltoall");
+    Request r = start_all_to_all(mesh_dim, send, recv, bytes);
+    wait(r);
   }
   void exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
     Request r = start_exchange(sends, recvs);
@@ -127,47 +138,48 @@ class MpiBackend {
   // The same operations started and finished later (AsyncBackend), with MPI's nonblocking
   // collectives: execute_async overlaps them with the caller's work.
   Request start_all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
-    Request r;
-    const int n = count_of(bytes, "MPI_Iallgather");
+    Request r = begin("MPI_Iallgather");
+    const int n = count_of(bytes, r.call_);
     check(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
                          &r.requests_.emplace_back()),
-          "MPI_Iallgather");
+          r.call_);
     return r;
   }
   Request start_reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count,
                                DType dtype, ReduceOp op) {
-    Request r;
-    reduce(send, recv, count, dtype, op, mesh_dim, true, &r);
+    Request r = begin("MPI_Ireduce_scatter_block");
+    reduce(send, recv, count, dtype, op, mesh_dim, true, r);
     return r;
   }
   Request start_all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count,
                            DType dtype, ReduceOp op) {
-    Request r;
-    reduce(send, recv, count, dtype, op, mesh_dim, false, &r);
+    Request r = begin("MPI_Iallreduce");
+    reduce(send, recv, count, dtype, op, mesh_dim, false, r);
     return r;
   }
   Request start_all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
-    Request r;
-    const int n = count_of(bytes, "MPI_Ialltoall");
+    Request r = begin("MPI_Ialltoall");
+    const int n = count_of(bytes, r.call_);
     check(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
                         &r.requests_.emplace_back()),
-          "MPI_Ialltoall");
+          r.call_);
     return r;
   }
   Request start_exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
     constexpr int tag = 0x6474;  // "dt"
-    Request request;
+    Request request = begin("MPI_Isend/MPI_Irecv");
     std::vector<MPI_Request>& requests = request.requests_;
     requests.reserve(sends.size() + recvs.size());
+    const MPI_Comm world = state_->world;
     for (const RecvMessage& r : recvs) {
       if (r.peer == rank_ || r.bytes == 0) continue;
-      check(MPI_Irecv(r.data, count_of(r.bytes, "MPI_Irecv"), MPI_BYTE, r.peer, tag, world_,
+      check(MPI_Irecv(r.data, count_of(r.bytes, "MPI_Irecv"), MPI_BYTE, r.peer, tag, world,
                       &requests.emplace_back()),
             "MPI_Irecv");
     }
     for (const SendMessage& s : sends) {
       if (s.peer == rank_ || s.bytes == 0) continue;
-      check(MPI_Isend(s.data, count_of(s.bytes, "MPI_Isend"), MPI_BYTE, s.peer, tag, world_,
+      check(MPI_Isend(s.data, count_of(s.bytes, "MPI_Isend"), MPI_BYTE, s.peer, tag, world,
                       &requests.emplace_back()),
             "MPI_Isend");
     }
@@ -185,29 +197,130 @@ class MpiBackend {
     return request;
   }
 
-  // Whether `r` has finished; finishes it if so.
+  // Whether `r` has finished; finishes it if so. Throws when another rank has aborted, or when
+  // `r` has been waited for longer than Options::timeout (aborting the backend).
   bool test(Request& r) {
+    check_notices();
     int flag = 1;
     if (!r.requests_.empty())
       check(MPI_Testall(static_cast<int>(r.requests_.size()), r.requests_.data(), &flag,
                         MPI_STATUSES_IGNORE),
             "MPI_Testall");
-    if (flag) finish(r);
-    return flag != 0;
+    if (flag) {
+      finish(r);
+      return true;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!r.deadline_) r.deadline_ = now + options_.timeout;
+    if (now > *r.deadline_) {
+      const std::string why = std::string(r.call_) + " did not complete within " +
+                              std::to_string(options_.timeout.count()) + " ms on rank " +
+                              std::to_string(rank_);
+      abort(why);
+      throw error("MpiBackend: " + why + "; the backend is aborted on every rank");
+    }
+    return false;
   }
-  // Waits until `r` has finished.
+  // Waits until `r` has finished (polling: see test()).
   void wait(Request& r) {
-    if (!r.requests_.empty())
-      check(MPI_Waitall(static_cast<int>(r.requests_.size()), r.requests_.data(),
-                        MPI_STATUSES_IGNORE),
-            "MPI_Waitall");
-    finish(r);
+    while (!test(r)) {
+    }
   }
+
+  // Ends this backend on every rank after an error here: the other ranks get a dtensor::error
+  // naming this rank and `why` from their next operation (or the one they are waiting in)
+  // instead of waiting for this rank. Every later call on the backend throws; make a new one to
+  // go on. execute() calls it when a run fails on this rank.
+  void abort(std::string_view why) noexcept {
+    State& st = *state_;
+    if (st.aborted) return;
+    st.aborted = true;
+    st.reason = "rank " + std::to_string(rank_) + " failed: " + std::string(why);
+    const std::size_t n = std::min(st.reason.size(), sizeof(st.notice_in) - 1);
+    for (int peer = 0; peer < mesh_.size(); ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request& sent = st.notices_out.emplace_back();
+      if (MPI_Isend(st.reason.data(), static_cast<int>(n), MPI_CHAR, peer, notice_tag, st.control,
+                    &sent) != MPI_SUCCESS)
+        st.notices_out.pop_back();
+    }
+  }
+  // Whether the backend was aborted (here or on another rank), and why.
+  [[nodiscard]] bool aborted() const noexcept { return state_->aborted; }
+  [[nodiscard]] const std::string& abort_reason() const noexcept { return state_->reason; }
 
   // The executions in flight on this backend (execute_async keeps them in order).
-  [[nodiscard]] ExecutionQueue& executions() noexcept { return executions_; }
+  [[nodiscard]] ExecutionQueue& executions() noexcept { return state_->executions; }
 
  private:
+  static constexpr int notice_tag = 0x6461;  // "da"
+
+  // The communicators, ops and abort state, on the heap so that a move leaves MPI's pointers
+  // (the posted notice receive) valid.
+  struct State {
+    MPI_Comm world = MPI_COMM_NULL, control = MPI_COMM_NULL;
+    std::vector<MPI_Comm> groups;
+    // Reduction ops per element type (by detail::dtype_index) and ReduceOp, made on first use.
+    MPI_Op ops[8][5] = {};
+    ExecutionQueue executions;
+    // Abort notices: one receive always posted; what this rank sent.
+    char notice_in[512] = {};
+    MPI_Request notice_request = MPI_REQUEST_NULL;
+    std::vector<MPI_Request> notices_out;
+    bool aborted = false;
+    std::string reason;
+
+    State() {
+      for (auto& row : ops)
+        for (MPI_Op& op : row) op = MPI_OP_NULL;
+    }
+    State(const State&) = delete;
+    State& operator=(const State&) = delete;
+    ~State() {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) return;
+      if (notice_request != MPI_REQUEST_NULL) {
+        MPI_Cancel(&notice_request);
+        MPI_Request_free(&notice_request);
+      }
+      // Notices are small: delivered at once. Whatever is left is not waited for.
+      for (MPI_Request& r : notices_out)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      for (auto& row : ops)
+        for (MPI_Op& op : row)
+          if (op != MPI_OP_NULL) MPI_Op_free(&op);
+      for (MPI_Comm& c : groups)
+        if (c != MPI_COMM_NULL) MPI_Comm_free(&c);
+      if (control != MPI_COMM_NULL) MPI_Comm_free(&control);
+      if (world != MPI_COMM_NULL) MPI_Comm_free(&world);
+    }
+  };
+
+  // A new request for `call`, once the backend is known to be usable.
+  Request begin(const char* call) {
+    check_notices();
+    Request r;
+    r.call_ = call;
+    return r;
+  }
+
+  // Throws if the backend was aborted, here or (a notice arrived) on another rank.
+  void check_notices() {
+    State& st = *state_;
+    if (!st.aborted && st.notice_request != MPI_REQUEST_NULL) {
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Test(&st.notice_request, &arrived, &status) == MPI_SUCCESS && arrived) {
+        int length = 0;
+        MPI_Get_count(&status, MPI_CHAR, &length);
+        st.aborted = true;
+        st.reason = std::string(st.notice_in, static_cast<std::size_t>(std::max(length, 0)));
+      }
+    }
+    if (st.aborted) throw error("MpiBackend aborted: " + st.reason);
+  }
+
   // Throws dtensor::error naming the MPI call and its error string.
   static void check(int rc, const char* call) {
     if (rc == MPI_SUCCESS) return;
@@ -229,7 +342,7 @@ class MpiBackend {
     if (mesh_dim < 0 || mesh_dim >= mesh_.ndim())
       throw error("mesh dim " + std::to_string(mesh_dim) + " is out of range for a mesh of " +
                   std::to_string(mesh_.ndim()) + " dims");
-    return groups_[static_cast<std::size_t>(mesh_dim)];
+    return state_->groups[static_cast<std::size_t>(mesh_dim)];
   }
 
   // inout[i] = in[i] op inout[i] with dtensor's own arithmetic (saturating integer sums, NaN
@@ -243,7 +356,7 @@ class MpiBackend {
 
   template <class T>
   MPI_Op op_for(ReduceOp op) {
-    MPI_Op& slot = ops_[static_cast<int>(detail::dtype_index<T>())][static_cast<int>(op)];
+    MPI_Op& slot = state_->ops[static_cast<int>(detail::dtype_index<T>())][static_cast<int>(op)];
     if (slot != MPI_OP_NULL) return slot;
     MPI_User_function* f = nullptr;
     switch (op) {
@@ -278,15 +391,13 @@ class MpiBackend {
     r.wide_out_ = {};
   }
 
-  // Reduce-scatter (each member gets its `count` elements of `count` * g) or all-reduce: blocking
-  // when `started` is null, else started into it.
+  // Starts a reduce-scatter (each member gets its `count` elements of `count` * g) or an
+  // all-reduce into `r`.
   void reduce(const void* send, void* recv, std::size_t count, DType dtype, ReduceOp op,
-              int mesh_dim, bool scatter, Request* started) {
+              int mesh_dim, bool scatter, Request& r) {
     const MPI_Comm comm = group(mesh_dim);
     const int g = mesh_.size(mesh_dim);
     const std::size_t total = scatter ? count * static_cast<std::size_t>(g) : count;
-    Request blocking;
-    Request& r = started != nullptr ? *started : blocking;
     detail::visit_dtype(dtype, [&]<class T>() {
       using C = detail::compute_t<T>;  // float for f16 and bf16: reduce in float
       const C* in = static_cast<const C*>(send);
@@ -301,20 +412,14 @@ class MpiBackend {
         out = reinterpret_cast<C*>(r.wide_out_.data());
       }
       const MPI_Op mpi_op = op_for<C>(op);
-      const char* name = started ? (scatter ? "MPI_Ireduce_scatter_block" : "MPI_Iallreduce")
-                                 : (scatter ? "MPI_Reduce_scatter_block" : "MPI_Allreduce");
-      const int n = count_of(count, name);
-      if (started == nullptr && scatter)
-        check(MPI_Reduce_scatter_block(in, out, n, mpi_type<C>(), mpi_op, comm), name);
-      else if (started == nullptr)
-        check(MPI_Allreduce(in, out, n, mpi_type<C>(), mpi_op, comm), name);
-      else if (scatter)
+      const int n = count_of(count, r.call_);
+      if (scatter)
         check(MPI_Ireduce_scatter_block(in, out, n, mpi_type<C>(), mpi_op, comm,
                                         &r.requests_.emplace_back()),
-              name);
+              r.call_);
       else
         check(MPI_Iallreduce(in, out, n, mpi_type<C>(), mpi_op, comm, &r.requests_.emplace_back()),
-              name);
+              r.call_);
       // Once complete: the average, and the narrowing back to f16 or bf16.
       if (op == ReduceOp::avg || !std::is_same_v<C, T>)
         r.then_ = [out, recv, count, g, op] {
@@ -326,23 +431,12 @@ class MpiBackend {
               static_cast<T*>(recv)[i] = detail::narrow<T>(out[i]);
         };
     });
-    if (started == nullptr) finish(blocking);
   }
 
   DeviceMesh mesh_;
-  MPI_Comm world_ = MPI_COMM_NULL;
+  Options options_;
   int rank_ = 0;
-  std::vector<MPI_Comm> groups_;
-  ExecutionQueue executions_;
-  // Reduction ops per element type (by detail::dtype_index) and ReduceOp, made on first use.
-  MPI_Op ops_[8][5] = {{MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL},
-                       {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL}};
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace dtensor

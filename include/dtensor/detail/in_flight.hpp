@@ -86,6 +86,15 @@ struct Running final : InFlight {
     pending = nullptr;
     std::exchange(step, {}).resume();  // `op` lives in the step's frame: not used after this
     if (done()) {
+      if (const std::exception_ptr failed = task.handle().promise().error) {
+        try {
+          std::rethrow_exception(failed);
+        } catch (const std::exception& e) {
+          abort_after_error(backend, e.what());
+        } catch (...) {
+          abort_after_error(backend, "unknown error");
+        }
+      }
       started_all = true;
       backend.executions().remove(this);
       start_parked<B>(backend.executions());
