@@ -280,6 +280,7 @@ TEST_CASE("the global view in every dtype", "[execute][oracle][dtypes]") {
     testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
       for (const Shape& shape : {Shape{8, 8}, Shape{5, 7}})
         for (DType dtype : all_dtypes) {
+          if (!testing::placements_fit(a, dtype) || !testing::placements_fit(b, dtype)) continue;
           tally.add(run_case(dtype, Layout(m, a, shape, dtype), Layout(m, b, shape, dtype), {}),
                     fmt::format("{} {} {} {} -> {}", m, shape, dtype, a, b));
         }

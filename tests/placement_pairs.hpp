@@ -37,4 +37,11 @@ void for_each_pair(const DeviceMesh& mesh, std::span<const Placement> options, F
     }
 }
 
+// Whether placements `ps` make a layout of `dtype`: Partial(avg) needs a floating dtype.
+inline bool placements_fit(const Placements& ps, DType dtype) {
+  for (const Placement& p : ps)
+    if (p.is_partial(ReduceOp::avg) && !is_floating(dtype)) return false;
+  return true;
+}
+
 }  // namespace dtensor::testing

@@ -45,7 +45,9 @@ struct RecvMessage {
 //    for this rank at position j.
 //  - exchange: a grouped point-to-point round between global ranks; each send is matched by a
 //    receive of the same size on its peer. Messages to self are allowed.
-// Reductions combine the members' contributions in group-index order.
+// Reductions combine the members' contributions in group-index order. A backend that cannot
+// reduce every dtype with every op says which it can: `supports(dtype, op)`; execute() then
+// refuses a plan that needs another before anything moves.
 // A backend whose memory is not host memory also provides `local_ops()`, the LocalOps
 // (local_ops.hpp) that execute() uses for its packing, filling and staging on that memory.
 template <class B>

@@ -119,6 +119,15 @@ MeshCoord check_run(const Plan& plan, const B& backend, std::size_t src_bytes,
   const std::size_t need_dst = bytes_of(plan.dst().local_box(me), elem);
   if (src_bytes < need_src) fail<why::buffer_too_small>("source", src_bytes, rank, need_src);
   if (dst_bytes < need_dst) fail<why::buffer_too_small>("target", dst_bytes, rank, need_dst);
+  if constexpr (requires { backend.supports(DType::f32, ReduceOp::sum); }) {
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+      const Step& s = plan[i];
+      if (s.kind != StepKind::reduce_scatter && s.kind != StepKind::all_reduce) continue;
+      const ReduceOp op = s.before[s.mesh_dim].reduce_op();
+      if (!backend.supports(plan.src().dtype(), op))
+        fail<why::backend_cannot_reduce>(name(plan.src().dtype()), name(op), i + 1);
+    }
+  }
   return me;
 }
 

@@ -112,6 +112,8 @@ class Layout {
     for (int d = 0; d < nd; ++d)
       if (shape[d] < 0) detail::fail<detail::why::negative_extent>(d, shape[d]);
     for (Placement& p : placements_) {
+      if (p.is_partial(ReduceOp::avg) && !is_floating(dtype))
+        detail::fail<detail::why::avg_needs_float>(name(dtype));
       if (!p.is_shard()) continue;
       const int d = p.dim();
       if (d < -nd || d >= nd) detail::fail<detail::why::shard_dim_out_of_range>(d, nd);

@@ -217,7 +217,8 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
   std::int64_t bound = (missing + group - 1) / group;
   if (reduces) {
     const std::int64_t ranks = mesh.size();
-    const std::int64_t share = ((reducers - 1) * src.global_numel() + ranks - 1) / ranks;
+    const std::int64_t share =
+        bytes_add(bytes_mul(reducers - 1, src.global_numel()), ranks - 1) / ranks;
     bound = share > bound ? share : bound;
   }
   return bound;
@@ -342,8 +343,8 @@ struct plan_builder {
         if (moves_data(s.kind)) {
           const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
                                                  s.padded, c, o.cost_model);
-          total.send += rc.bytes.send;
-          total.recv += rc.bytes.recv;
+          total.send = bytes_add(total.send, rc.bytes.send);
+          total.recv = bytes_add(total.recv, rc.bytes.recv);
           s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
           s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
           s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
@@ -468,7 +469,7 @@ constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layou
                            const std::int64_t e = detail::lower_bound_elements(src, dst, c);
                            most = e > most ? e : most;
                          });
-  return most * src.elem_bytes();
+  return detail::bytes_mul(most, src.elem_bytes());
 }
 
 // The cheapest plan (by options.objective) that turns layout `src` into layout `dst` of the
@@ -512,8 +513,8 @@ constexpr RankBytes rank_bytes(const Plan& plan, int rank) {
   RankBytes total;
   for (std::size_t i = 0; i < plan.size(); ++i) {
     const RankBytes b = step_rank_bytes(plan, i, rank);
-    total.send += b.send;
-    total.recv += b.recv;
+    total.send = detail::bytes_add(total.send, b.send);
+    total.recv = detail::bytes_add(total.recv, b.recv);
   }
   return total;
 }

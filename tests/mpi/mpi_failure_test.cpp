@@ -1,6 +1,8 @@
 // Failures under mpirun -np 8: an error on one rank becomes an error on every rank (the backend
 // aborts, nobody hangs), a rank that never comes is a timeout, and a failed run leaves every
 // rank's source buffer as it was. Each case uses a fresh backend: an aborted one stays aborted.
+// The buffers of failed runs stay allocated until after MPI_Finalize, as MpiBackend::abort()
+// asks: MPI cannot cancel the collectives the other ranks had started.
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -9,6 +11,7 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -51,6 +54,8 @@ class FailingBackend {
     inner_.exchange(s, r);
   }
   void abort(std::string_view why) noexcept { inner_.abort(why); }
+  // MpiBackend's staging, which outlives an abort.
+  [[nodiscard]] auto local_ops() const { return inner_.local_ops(); }
 
  private:
   void tick() {
@@ -103,6 +108,7 @@ bool contains(const std::string& s, std::string_view part) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::deque<std::vector<float>> buffers;  // outlives MPI_Finalize
   MPI_Init(&argc, &argv);
   int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -115,14 +121,14 @@ int main(int argc, char** argv) {
   const Layout to(mesh, parse_placements("R,S(0)"), {16, 8}, DType::f32);
   const Plan plan = plan_redistribute(from, to);
   const std::vector<float> original = global_view_block<float>(from, rank);
-  std::vector<float> dst(static_cast<std::size_t>(to.local_numel(rank)));
+  std::vector<float>& dst = buffers.emplace_back(static_cast<std::size_t>(to.local_numel(rank)));
   const MpiBackend::Options quick{2000ms};
 
   // 1. Rank 3 passes a target one element short: it throws at once, the others from the
   //    collective rank 3 never joins, naming rank 3.
   {
     MpiBackend backend(mesh, MPI_COMM_WORLD, quick);
-    std::vector<float> src = original;
+    std::vector<float>& src = buffers.emplace_back(original);
     const std::size_t dst_bytes = (dst.size() - (rank == 3 ? 1 : 0)) * sizeof(float);
     const Outcome o =
         attempt([&] { execute(plan, backend, src.data(), src.size() * 4, dst.data(), dst_bytes); });
@@ -143,7 +149,7 @@ int main(int argc, char** argv) {
   for (int fail_at : {1, 2}) {
     MpiBackend inner(mesh, MPI_COMM_WORLD, quick);
     FailingBackend backend(inner, 5, fail_at);
-    std::vector<float> src = original;
+    std::vector<float>& src = buffers.emplace_back(original);
     const Outcome o = attempt(
         [&] { execute(plan, backend, src.data(), src.size() * 4, dst.data(), dst.size() * 4); });
     const bool named = rank == 5 ? contains(o.message, "injected failure")
@@ -157,7 +163,7 @@ int main(int argc, char** argv) {
   //    call.
   {
     MpiBackend backend(mesh, MPI_COMM_WORLD, MpiBackend::Options{300ms});
-    std::vector<float> src = original;
+    std::vector<float>& src = buffers.emplace_back(original);
     Outcome o;
     if (rank != 6)
       o = attempt(
@@ -175,7 +181,7 @@ int main(int argc, char** argv) {
   // 4. Asynchronous: rank 2 refuses to start, the others' wait() throws.
   {
     MpiBackend backend(mesh, MPI_COMM_WORLD, quick);
-    std::vector<float> src = original;
+    std::vector<float>& src = buffers.emplace_back(original);
     const Outcome o = attempt([&] {
       auto e = execute_async(plan, backend, src.data(), src.size() * 4, dst.data(),
                              rank == 2 ? 0 : dst.size() * 4);
@@ -190,7 +196,7 @@ int main(int argc, char** argv) {
   // 5. And a fresh backend afterwards works.
   {
     MpiBackend backend(mesh);
-    std::vector<float> src = original;
+    std::vector<float>& src = buffers.emplace_back(original);
     const Outcome o = attempt(
         [&] { execute(plan, backend, src.data(), src.size() * 4, dst.data(), dst.size() * 4); });
     check.agree("a new backend after the failures works", !o.threw, o.message);

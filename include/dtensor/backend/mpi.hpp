@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -36,6 +37,71 @@
 // (or a wait past the timeout) aborts the backend on every rank, so that the others get an
 // error instead of waiting forever for a rank that will not come.
 namespace dtensor {
+
+namespace detail {
+
+// Memory that an abandoned MPI operation may still write or read (MPI cannot cancel a started
+// collective): kept until the process ends instead of freed.
+inline void keep_until_exit(std::unique_ptr<std::byte[]> bytes, std::vector<std::byte> more = {}) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::pair<std::unique_ptr<std::byte[]>,  // NOLINT
+                                                std::vector<std::byte>>>();
+  const std::lock_guard lock(mutex);
+  kept->emplace_back(std::move(bytes), std::move(more));
+}
+
+// HostOps whose staging buffers outlive an abort: once the backend has aborted, a buffer that
+// an abandoned operation may still use is kept rather than freed.
+class MpiHostOps : public HostOps {
+ public:
+  class Buffer {
+   public:
+    Buffer() = default;
+    Buffer(std::size_t n, bool zero, const bool* aborted)
+        : bytes_(n == 0 ? nullptr
+                 : zero ? std::make_unique<std::byte[]>(n)
+                        : std::make_unique_for_overwrite<std::byte[]>(n)),
+          size_(n),
+          aborted_(aborted) {}
+    Buffer(Buffer&& other) noexcept
+        : bytes_(std::move(other.bytes_)),
+          size_(std::exchange(other.size_, 0)),
+          aborted_(other.aborted_) {}
+    Buffer& operator=(Buffer&& other) noexcept {
+      if (this != &other) {
+        release();
+        bytes_ = std::move(other.bytes_);
+        size_ = std::exchange(other.size_, 0);
+        aborted_ = other.aborted_;
+      }
+      return *this;
+    }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer() { release(); }
+    [[nodiscard]] std::byte* data() const noexcept { return bytes_.get(); }
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+   private:
+    void release() noexcept {
+      if (bytes_ && aborted_ != nullptr && *aborted_) keep_until_exit(std::move(bytes_));
+      bytes_.reset();
+    }
+    std::unique_ptr<std::byte[]> bytes_;
+    std::size_t size_ = 0;
+    const bool* aborted_ = nullptr;
+  };
+
+  explicit MpiHostOps(const bool* aborted) : aborted_(aborted) {}
+  [[nodiscard]] Buffer allocate(std::size_t bytes, bool zero = false) const {
+    return Buffer(bytes, zero, aborted_);
+  }
+
+ private:
+  const bool* aborted_;
+};
+
+}  // namespace detail
 
 // One rank of a mesh whose ranks are the ranks of an MPI communicator; satisfies Backend and
 // AsyncBackend.
@@ -95,7 +161,23 @@ class MpiBackend {
    public:
     Request() = default;
     Request(Request&&) noexcept = default;
-    Request& operator=(Request&&) noexcept = default;
+    Request& operator=(Request&& other) noexcept {
+      if (this != &other) {
+        abandon();
+        requests_ = std::move(other.requests_);
+        wide_in_ = std::move(other.wide_in_);
+        wide_out_ = std::move(other.wide_out_);
+        then_ = std::move(other.then_);
+        deadline_ = other.deadline_;
+        call_ = other.call_;
+      }
+      return *this;
+    }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    // A request destroyed unfinished was abandoned (after an abort): MPI may still use its
+    // float copies.
+    ~Request() { abandon(); }
 
    private:
     friend class MpiBackend;
@@ -104,11 +186,22 @@ class MpiBackend {
     std::vector<std::byte> wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
     std::function<void()> then_;
     std::optional<std::chrono::steady_clock::time_point> deadline_;
+
+    void abandon() noexcept {
+      if (requests_.empty()) return;
+      requests_.clear();
+      detail::keep_until_exit(nullptr, std::move(wide_in_));
+      detail::keep_until_exit(nullptr, std::move(wide_out_));
+    }
   };
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
   [[nodiscard]] const Options& options() const noexcept { return options_; }
+  // Host memory operations whose staging survives an abort (see abort()).
+  [[nodiscard]] detail::MpiHostOps local_ops() const noexcept {
+    return detail::MpiHostOps(&state_->aborted);
+  }
 
   // The blocking operations (Backend): started, then waited for by polling, so that a timeout
   // or another rank's abort ends the wait.
@@ -140,9 +233,9 @@ class MpiBackend {
   Request start_all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     Request r = begin("MPI_Iallgather");
     const int n = count_of(bytes, r.call_);
-    check(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
-                         &r.requests_.emplace_back()),
-          r.call_);
+    must(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
+                        &r.requests_.emplace_back()),
+         r.call_);
     return r;
   }
   Request start_reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count,
@@ -160,30 +253,19 @@ class MpiBackend {
   Request start_all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     Request r = begin("MPI_Ialltoall");
     const int n = count_of(bytes, r.call_);
-    check(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
-                        &r.requests_.emplace_back()),
-          r.call_);
+    must(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
+                       &r.requests_.emplace_back()),
+         r.call_);
     return r;
   }
   Request start_exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
     constexpr int tag = 0x6474;  // "dt"
     Request request = begin("MPI_Isend/MPI_Irecv");
-    std::vector<MPI_Request>& requests = request.requests_;
-    requests.reserve(sends.size() + recvs.size());
-    const MPI_Comm world = state_->world;
-    for (const RecvMessage& r : recvs) {
-      if (r.peer == rank_ || r.bytes == 0) continue;
-      check(MPI_Irecv(r.data, count_of(r.bytes, "MPI_Irecv"), MPI_BYTE, r.peer, tag, world,
-                      &requests.emplace_back()),
-            "MPI_Irecv");
-    }
-    for (const SendMessage& s : sends) {
-      if (s.peer == rank_ || s.bytes == 0) continue;
-      check(MPI_Isend(s.data, count_of(s.bytes, "MPI_Isend"), MPI_BYTE, s.peer, tag, world,
-                      &requests.emplace_back()),
-            "MPI_Isend");
-    }
-    // Messages to itself, in order.
+    // Everything that can be refused is refused before anything is posted: sizes MPI can
+    // count, and a send to itself for each receive from itself, in order.
+    for (const SendMessage& m : sends) count_of(m.bytes, "MPI_Isend");
+    for (const RecvMessage& m : recvs) count_of(m.bytes, "MPI_Irecv");
+    std::vector<std::pair<void*, const void*>> self_copies;
     std::size_t next_self = 0;
     for (const RecvMessage& r : recvs) {
       if (r.peer != rank_ || r.bytes == 0) continue;
@@ -192,8 +274,27 @@ class MpiBackend {
         ++next_self;
       if (next_self == sends.size() || sends[next_self].bytes != r.bytes)
         throw error("MpiBackend::exchange: a receive from itself has no matching send");
-      std::memcpy(r.data, sends[next_self++].data, r.bytes);
+      self_copies.emplace_back(r.data, sends[next_self++].data);
     }
+    std::vector<MPI_Request>& requests = request.requests_;
+    requests.reserve(sends.size() + recvs.size());
+    const MPI_Comm world = state_->world;
+    for (const RecvMessage& r : recvs)
+      if (r.peer != rank_ && r.bytes != 0)
+        must(MPI_Irecv(r.data, static_cast<int>(r.bytes), MPI_BYTE, r.peer, tag, world,
+                       &requests.emplace_back()),
+             "MPI_Irecv");
+    for (const SendMessage& m : sends)
+      if (m.peer != rank_ && m.bytes != 0)
+        must(MPI_Isend(m.data, static_cast<int>(m.bytes), MPI_BYTE, m.peer, tag, world,
+                       &requests.emplace_back()),
+             "MPI_Isend");
+    std::size_t k = 0;
+    for (const RecvMessage& r : recvs)
+      if (r.peer == rank_ && r.bytes != 0) {
+        std::memcpy(self_copies[k].first, self_copies[k].second, r.bytes);
+        ++k;
+      }
     return request;
   }
 
@@ -203,9 +304,9 @@ class MpiBackend {
     check_notices();
     int flag = 1;
     if (!r.requests_.empty())
-      check(MPI_Testall(static_cast<int>(r.requests_.size()), r.requests_.data(), &flag,
-                        MPI_STATUSES_IGNORE),
-            "MPI_Testall");
+      must(MPI_Testall(static_cast<int>(r.requests_.size()), r.requests_.data(), &flag,
+                       MPI_STATUSES_IGNORE),
+           "MPI_Testall");
     if (flag) {
       finish(r);
       return true;
@@ -230,7 +331,10 @@ class MpiBackend {
   // Ends this backend on every rank after an error here: the other ranks get a dtensor::error
   // naming this rank and `why` from their next operation (or the one they are waiting in)
   // instead of waiting for this rank. Every later call on the backend throws; make a new one to
-  // go on. execute() calls it when a run fails on this rank.
+  // go on. execute() calls it when a run fails on this rank. MPI cannot cancel a collective it
+  // has started, so operations in flight at the abort are abandoned, not stopped: the library
+  // keeps its own staging alive for them, and the caller must keep the source and target
+  // buffers of the failed runs allocated until MPI_Finalize.
   void abort(std::string_view why) noexcept {
     State& st = *state_;
     if (st.aborted) return;
@@ -321,6 +425,17 @@ class MpiBackend {
     if (st.aborted) throw error("MpiBackend aborted: " + st.reason);
   }
 
+  // check() for a call on a working backend: a failed call aborts it first (see abort()).
+  void must(int rc, const char* call) {
+    if (rc == MPI_SUCCESS) return;
+    try {
+      check(rc, call);
+    } catch (const error& e) {
+      abort(e.what());
+      throw;
+    }
+  }
+
   // Throws dtensor::error naming the MPI call and its error string.
   static void check(int rc, const char* call) {
     if (rc == MPI_SUCCESS) return;
@@ -366,7 +481,7 @@ class MpiBackend {
       case ReduceOp::min: f = &combine_op<T, ReduceOp::min>; break;
       case ReduceOp::product: f = &combine_op<T, ReduceOp::product>; break;
     }
-    check(MPI_Op_create(f, 1, &slot), "MPI_Op_create");
+    must(MPI_Op_create(f, 1, &slot), "MPI_Op_create");
     return slot;
   }
 
@@ -414,12 +529,12 @@ class MpiBackend {
       const MPI_Op mpi_op = op_for<C>(op);
       const int n = count_of(count, r.call_);
       if (scatter)
-        check(MPI_Ireduce_scatter_block(in, out, n, mpi_type<C>(), mpi_op, comm,
-                                        &r.requests_.emplace_back()),
-              r.call_);
+        must(MPI_Ireduce_scatter_block(in, out, n, mpi_type<C>(), mpi_op, comm,
+                                       &r.requests_.emplace_back()),
+             r.call_);
       else
-        check(MPI_Iallreduce(in, out, n, mpi_type<C>(), mpi_op, comm, &r.requests_.emplace_back()),
-              r.call_);
+        must(MPI_Iallreduce(in, out, n, mpi_type<C>(), mpi_op, comm, &r.requests_.emplace_back()),
+             r.call_);
       // Once complete: the average, and the narrowing back to f16 or bf16.
       if (op == ReduceOp::avg || !std::is_same_v<C, T>)
         r.then_ = [out, recv, count, g, op] {

@@ -159,6 +159,17 @@ class NcclBackend {
     }
   }
 
+  // Which reductions NCCL has (avg and bf16 arrived in NCCL 2.10); execute() checks a plan's.
+  [[nodiscard]] static constexpr bool supports(DType dtype, ReduceOp op) noexcept {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    (void)dtype;
+    (void)op;
+    return true;
+#else
+    return op != ReduceOp::avg && dtype != DType::bf16;
+#endif
+  }
+
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }

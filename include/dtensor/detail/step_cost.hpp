@@ -5,6 +5,7 @@
 #include "../cost_model.hpp"
 #include "../layout.hpp"
 #include "../plan.hpp"
+#include "checked.hpp"
 
 // What one step costs one rank: the bytes it sends and receives, under the ring-algorithm
 // convention of nccl-tests' bus bandwidth, and the cost model's time for them.
@@ -143,7 +144,7 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
       if (elements > 0) {
         out.recv += elements;
         out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages),
-                                       double(elements * base.elem_bytes()));
+                                       double(elements) * double(base.elem_bytes()));
       }
       inside_prev = inside;
       tiles_prev = tiles;
@@ -164,7 +165,7 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
     for_each_coord(mesh, coord, fixed, [&](const MeshCoord& receiver) {
       total += overlap_numel(have, base.local_box(after, receiver));
     });
-    out.send = total * copies - overlap_numel(have, want);
+    out.send = bytes_mul(total, copies) - overlap_numel(have, want);
   }
   return out;
 }
@@ -179,7 +180,7 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   const std::int64_t elem = base.elem_bytes();
   if (kind == StepKind::exchange) {
     const ExchangeCost e = exchange_cost(base, before, after, coord, cost);
-    out.bytes = {e.send * elem, e.recv * elem};
+    out.bytes = {bytes_mul(e.send, elem), bytes_mul(e.recv, elem)};
     out.us = e.us;
     return out;
   }
@@ -210,8 +211,8 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
       const std::int64_t n = mine_after.shape[i];
       uneven = n % g != 0;
       const std::int64_t padded_piece = largest(n) * rest_without(mine_after, i, i);
-      recv = padded ? (g - 1) * padded_piece : own_after - own_before;
-      send = padded ? (g - 1) * padded_piece : (g - 1) * own_before;
+      recv = padded ? bytes_mul(g - 1, padded_piece) : own_after - own_before;
+      send = padded ? bytes_mul(g - 1, padded_piece) : bytes_mul(g - 1, own_before);
       break;
     }
     case StepKind::reduce_scatter: {
@@ -219,14 +220,14 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
       const std::int64_t n = mine_before.shape[j];
       uneven = n % g != 0;
       const std::int64_t padded_piece = largest(n) * rest_without(mine_before, j, j);
-      recv = padded ? (g - 1) * padded_piece : (g - 1) * own_after;
-      send = padded ? (g - 1) * padded_piece : own_before - own_after;
+      recv = padded ? bytes_mul(g - 1, padded_piece) : bytes_mul(g - 1, own_after);
+      send = padded ? bytes_mul(g - 1, padded_piece) : own_before - own_after;
       break;
     }
     case StepKind::all_reduce: {
       // A reduce-scatter of the block in g balanced pieces, then an all-gather of them.
       const std::int64_t piece = chunk_range(own_before, g, coord[k], ChunkPolicy::balanced).size;
-      recv = send = (g - 1) * piece + (own_before - piece);
+      recv = send = bytes_add(bytes_mul(g - 1, piece), own_before - piece);
       messages = 2.0 * (g - 1);
       break;
     }
@@ -236,13 +237,13 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
       uneven = ni % g != 0 || nj % g != 0;
       const std::int64_t kept = overlap_numel(mine_before, mine_after);
       const std::int64_t padded_piece = largest(ni) * largest(nj) * rest_without(mine_before, i, j);
-      recv = padded ? (g - 1) * padded_piece : own_after - kept;
-      send = padded ? (g - 1) * padded_piece : own_before - kept;
+      recv = padded ? bytes_mul(g - 1, padded_piece) : own_after - kept;
+      send = padded ? bytes_mul(g - 1, padded_piece) : own_before - kept;
       break;
     }
     default: break;
   }
-  out.bytes = {send * elem, recv * elem};
+  out.bytes = {bytes_mul(send, elem), bytes_mul(recv, elem)};
   const double latency = !padded && uneven ? cost.p2p_latency_factor : 1.0;
   out.us = cost.dims[k].time_us(messages * latency, double(out.bytes.recv));
   return out;

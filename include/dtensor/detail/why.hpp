@@ -34,6 +34,9 @@ DTENSOR_WHY(placement_count_mismatch, "{} placements for a mesh of {} dims: one 
 DTENSOR_WHY(tensor_too_many_dims, "a tensor has at most {} dims, got {}");
 DTENSOR_WHY(negative_extent, "tensor dim {} has negative size {}");
 DTENSOR_WHY(size_overflow, "the tensor's size in bytes overflows 64 bits");
+DTENSOR_WHY(bytes_overflow,
+            "the bytes a rank moves in this redistribution overflow 64 bits: the tensor is too "
+            "large for byte counts");
 DTENSOR_WHY(bad_dtype, "unknown dtype {}");
 DTENSOR_WHY(bad_reduce_op, "unknown reduce op {}");
 DTENSOR_WHY(parse_placement, "cannot read '{}' as a placement: expected S(d), R or P(op)");
@@ -47,11 +50,16 @@ DTENSOR_WHY(layout_mesh_mismatch,
 DTENSOR_WHY(layout_shape_mismatch, "the two layouts describe different tensors: shapes {} and {}");
 DTENSOR_WHY(layout_dtype_mismatch, "the two layouts have different dtypes: {} and {}");
 
+DTENSOR_WHY(avg_needs_float,
+            "Partial(avg) needs a floating-point dtype, not {}: an integer average truncates and "
+            "the sum behind it overflows; use Partial(sum)");
 DTENSOR_WHY(layout_policy_mismatch, "the two layouts chunk uneven dims with different policies");
 DTENSOR_WHY(adjoint_nonlinear, "the adjoint needs R, S(d) or P(sum) placements: P({}) has no dual");
 
 DTENSOR_WHY(backend_mesh_mismatch, "the backend's mesh {} is not the plan's mesh {}");
 DTENSOR_WHY(buffer_too_small, "the {} buffer holds {} bytes, but rank {} needs {}");
+DTENSOR_WHY(backend_cannot_reduce,
+            "the backend cannot reduce {} values with {}, which step {} of the plan needs");
 DTENSOR_WHY(span_dtype_mismatch, "a span of {} for a plan of {}");
 
 #undef DTENSOR_WHY
