@@ -94,6 +94,7 @@ class DeviceMesh {
   [[nodiscard]] constexpr int stride(int dim) const { return strides_[checked_dim(dim)]; }
 
   // Whether global rank `rank` belongs to this mesh.
+  // NOLINTNEXTLINE(bugprone-exception-escape): decompose cannot throw, see there
   [[nodiscard]] constexpr bool contains(int rank) const noexcept {
     MeshCoord c;
     return decompose(rank, c);
@@ -176,7 +177,7 @@ class DeviceMesh {
   }
 
  private:
-  constexpr int checked_dim(int dim) const {
+  [[nodiscard]] constexpr int checked_dim(int dim) const {
     if (dim < 0 || dim >= ndim()) detail::fail<detail::why::mesh_dim_out_of_range>(dim, ndim());
     return dim;
   }
@@ -197,6 +198,8 @@ class DeviceMesh {
   }
 
   // Splits rank - offset into coordinates, dims in decreasing stride order (the mesh's order).
+  // MeshCoord holds as many dims as any mesh has: resizing `c` to this mesh's cannot throw.
+  // NOLINTNEXTLINE(bugprone-exception-escape): cannot throw, see above
   constexpr bool decompose(int rank, MeshCoord& c) const noexcept {
     std::int64_t rest = static_cast<std::int64_t>(rank) - offset_;
     if (rest < 0) return false;

@@ -21,7 +21,7 @@ constexpr std::size_t size_of(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::f64: return 8;
-    case DType::f16: return 2;
+    case DType::f16:
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::i64: return 8;

@@ -53,7 +53,7 @@ inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const Me
         std::int64_t p = 1;
         for (std::int64_t e : piece) p *= e;
         p *= elem;
-        return gather || scatter ? (g + 1) * p : 2 * g * p;
+        return gather || scatter ? (g + 1) * p : 2 * p * g;
       }
       // Exact: the point-to-point round's buffers. All-gather receives into staging and sends
       // its block as is; reduce-scatter packs every member's piece and keeps g partials of

@@ -14,7 +14,7 @@ namespace dtensor {
 // "512 B", "1.50 KiB", "8.00 MiB".
 inline std::string human_bytes(std::int64_t bytes) {
   constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
+  auto v = static_cast<double>(bytes);
   int u = 0;
   while (v >= 1024 && u < 4) v /= 1024, ++u;
   return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", v, units[u]);
@@ -49,7 +49,8 @@ inline std::string explain(const Plan& plan) {
                      human_bytes(plan.bytes_recv_max()), plan.bytes_recv_max(), human_bytes(bound),
                      bound);
   if (bound > 0)
-    out += fmt::format(", ratio {:.2f}", static_cast<double>(plan.bytes_recv_max()) / bound);
+    out += fmt::format(", ratio {:.2f}",
+                       static_cast<double>(plan.bytes_recv_max()) / static_cast<double>(bound));
   out += fmt::format("; est {:.2f} us\n", plan.est_us());
   return out;
 }

@@ -55,10 +55,10 @@ void write(text_buffer& out, const static_vector<T, N>& v) {
 // "2x4", or "2x4 (dp, tp)" with names.
 inline void write(text_buffer& out, const DeviceMesh& m) {
   auto it = std::back_inserter(out);
-  for (int i = 0; i < m.ndim(); ++i) fmt::format_to(it, "{}{}", i ? "x" : "", m.size(i));
+  for (int i = 0; i < m.ndim(); ++i) fmt::format_to(it, "{}{}", i > 0 ? "x" : "", m.size(i));
   if (!m.has_names()) return;
   out.append(std::string_view(" ("));
-  for (int i = 0; i < m.ndim(); ++i) fmt::format_to(it, "{}{}", i ? ", " : "", m.name(i));
+  for (int i = 0; i < m.ndim(); ++i) fmt::format_to(it, "{}{}", i > 0 ? ", " : "", m.name(i));
   out.push_back(')');
 }
 
@@ -66,7 +66,7 @@ inline void write(text_buffer& out, const DeviceMesh& m) {
 inline void write(text_buffer& out, const MeshGroup& g) {
   auto it = std::back_inserter(out);
   out.push_back('{');
-  for (int i = 0; i < g.size; ++i) fmt::format_to(it, "{}{}", i ? ", " : "", g.rank(i));
+  for (int i = 0; i < g.size; ++i) fmt::format_to(it, "{}{}", i > 0 ? ", " : "", g.rank(i));
   fmt::format_to(it, "}} (index {})", g.index);
 }
 
@@ -75,7 +75,7 @@ inline void write(text_buffer& out, const Box& b) {
   auto it = std::back_inserter(out);
   out.push_back('[');
   for (std::size_t d = 0; d < b.shape.size(); ++d)
-    fmt::format_to(it, "{}{}:{}", d ? ", " : "", b.offset[d], b.offset[d] + b.shape[d]);
+    fmt::format_to(it, "{}{}:{}", d > 0 ? ", " : "", b.offset[d], b.offset[d] + b.shape[d]);
   out.push_back(']');
 }
 

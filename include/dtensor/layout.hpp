@@ -83,9 +83,7 @@ constexpr std::int64_t overlap_numel(const Box& a, const Box& b) noexcept {
 
 // The box where two boxes of the same tensor overlap (an empty box when they don't).
 constexpr Box intersect(const Box& a, const Box& b) noexcept {
-  Box out;
-  out.offset.resize(a.offset.size());
-  out.shape.resize(a.shape.size());
+  Box out = a;  // a's rank; every entry is overwritten below
   for (std::size_t d = 0; d < a.shape.size(); ++d) {
     const std::int64_t lo = a.offset[d] > b.offset[d] ? a.offset[d] : b.offset[d];
     const std::int64_t ha = a.offset[d] + a.shape[d];
@@ -134,8 +132,11 @@ class Layout {
   [[nodiscard]] constexpr int tensor_ndim() const noexcept {
     return static_cast<int>(shape_.size());
   }
+  // The constructor computed global_bytes_ from both: numel_of and size_of cannot throw here.
+  // NOLINTNEXTLINE(bugprone-exception-escape): cannot throw, see above
   [[nodiscard]] constexpr std::int64_t global_numel() const noexcept { return numel_of(shape_); }
   [[nodiscard]] constexpr std::int64_t global_bytes() const noexcept { return global_bytes_; }
+  // NOLINTNEXTLINE(bugprone-exception-escape): cannot throw, see above
   [[nodiscard]] constexpr std::int64_t elem_bytes() const noexcept {
     return static_cast<std::int64_t>(size_of(dtype_));
   }
@@ -190,7 +191,7 @@ class Layout {
 
   // This layout with other placements (same mesh, shape, dtype and policy).
   [[nodiscard]] constexpr Layout with_placements(const Placements& placements) const {
-    return Layout(mesh_, placements, shape_, dtype_, policy_);
+    return {mesh_, placements, shape_, dtype_, policy_};
   }
 
   friend constexpr bool operator==(const Layout& a, const Layout& b) noexcept {

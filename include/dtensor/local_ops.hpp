@@ -70,7 +70,7 @@ struct HostOps {
     return Buffer(bytes, zero);
   }
   void copy(void* dst, const void* src, std::size_t bytes) const {
-    if (bytes) std::memcpy(dst, src, bytes);
+    if (bytes != 0) std::memcpy(dst, src, bytes);
   }
   void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void* dst,
                 const Shape& dst_shape, const Shape& dst_at, const Shape& extent,

@@ -54,7 +54,7 @@ inline void write_npy(const std::string& path, const std::byte* data, const Shap
   if (dtype == DType::bf16) {
     std::vector<float> wide(static_cast<std::size_t>(count));
     for (std::size_t i = 0; i < wide.size(); ++i) {
-      bf16_t v;
+      bf16_t v{};
       std::memcpy(&v, data + 2 * i, 2);
       wide[i] = detail::to_float(v);
     }

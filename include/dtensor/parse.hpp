@@ -134,7 +134,9 @@ constexpr Placements parse_placements(std::string_view text) {
   for (std::size_t i = 0; i <= s.size(); ++i) {
     const char c = i < s.size() ? s[i] : ',';
     if (c == '(') ++depth;
-    if (c == ')') --depth;
+    if (c == ')' && --depth < 0) detail::fail<detail::why::parse_placement>(s.substr(start));
+    // The end closes the last item: an unclosed one is an error, not dropped.
+    if (i == s.size() && depth != 0) detail::fail<detail::why::parse_placement>(s.substr(start));
     if (c == ',' && depth == 0) {
       if (out.full()) detail::fail<detail::why::mesh_too_many_dims>(max_mesh_dims, out.size() + 1);
       out.push_back(parse_placement(s.substr(start, i - start)));

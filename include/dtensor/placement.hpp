@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -66,7 +67,7 @@ class Placement {
   }
 
  private:
-  constexpr const char* kind_name() const noexcept {
+  [[nodiscard]] constexpr const char* kind_name() const noexcept {
     return kind_ == Kind::replicate ? "Replicate" : "Partial";
   }
 
@@ -127,9 +128,7 @@ constexpr bool is_partial(const Placement& p) noexcept { return p.is_partial(); 
 
 // Whether any placement is Partial.
 constexpr bool has_partial(const Placements& ps) noexcept {
-  for (const Placement& p : ps)
-    if (p.is_partial()) return true;
-  return false;
+  return std::any_of(ps.begin(), ps.end(), [](const Placement& p) { return p.is_partial(); });
 }
 
 }  // namespace dtensor

@@ -34,14 +34,27 @@ constexpr bool innermost_shard(const Placements& ps, int k, int d) noexcept {
   return true;
 }
 
+// Whether a Partial with op `op` on mesh dim k can be reduced or made while the outer mesh dims
+// are as in `ps`: mixed Partial ops reduce outermost first, so every Partial on an outer dim
+// must commute with it (same op, or both linear). (P(product), P(sum)) -> (P(product), R)
+// cannot all-reduce the sum first: the product over dim 0 of sums is not the sum of products.
+constexpr bool passes_outer_partials(const Placements& ps, int k, ReduceOp op) noexcept {
+  for (int j = 0; j < k; ++j)
+    if (ps[j].is_partial() && !ops_commute(ps[j].reduce_op(), op)) return false;
+  return true;
+}
+
 // Whether changing mesh dim k from `before[k]` to `after[k]` is one operation of the groups
 // along k: a shard removed or added there must be the innermost sharding of its tensor dim,
-// otherwise the inner mesh dims' pieces change meaning and data must cross groups.
+// otherwise the inner mesh dims' pieces change meaning and data must cross groups; a Partial
+// reduced or made there must commute with the Partials outside it.
 constexpr bool transition_valid(int k, const Placements& before, const Placements& after) {
   const Placement from = before[k], to = after[k];
   if (from == to) return true;
   if (from.is_shard() && !innermost_shard(before, k, from.dim())) return false;
   if (to.is_shard() && !innermost_shard(after, k, to.dim())) return false;
+  if (from.is_partial() && !passes_outer_partials(before, k, from.reduce_op())) return false;
+  if (to.is_partial() && !passes_outer_partials(after, k, to.reduce_op())) return false;
   return true;
 }
 
@@ -121,6 +134,81 @@ constexpr bool transitions_valid(const Placements& src, const Transitions& ts) {
     state = next;
   }
   return true;
+}
+
+// Whether the two layouts hold Partials (on either side) whose ops do not commute: then the
+// order of reductions matters and the greedy sequence may have no valid order.
+constexpr bool mixed_partials(const Placements& a, const Placements& b) noexcept {
+  bool seen[5] = {};
+  for (const Placements* ps : {&a, &b})
+    for (const Placement& p : *ps)
+      if (p.is_partial()) seen[static_cast<int>(p.reduce_op())] = true;
+  for (int x = 0; x < 5; ++x)
+    for (int y = x + 1; y < 5; ++y)
+      if (seen[x] && seen[y] && !ops_commute(static_cast<ReduceOp>(x), static_cast<ReduceOp>(y)))
+        return true;
+  return false;
+}
+
+// A sequence that is valid whatever the Partials: every source Partial reduced to Replicate,
+// outermost first (nothing outside it is Partial any more); then the greedy moves of shards;
+// then the target's Partials made, innermost first (nothing outside them is Partial yet), in
+// the first order of shard moves and makes that keeps every step valid.
+constexpr Transitions reduce_all_first(const Placements& src, const Placements& dst) {
+  Transitions reductions;
+  Placements mid = src;
+  for (int k = 0; k < static_cast<int>(src.size()); ++k)
+    if (src[k].is_partial()) {
+      reductions.push_back({k, src[k], Placement::replicate()});
+      mid[k] = Placement::replicate();
+    }
+  const Transitions rest = greedy_transitions(mid, dst);
+  Transitions moves, makes;
+  for (const Transition& t : rest) (t.to.is_partial() ? makes : moves).push_back(t);
+  // Candidate orders of the rest, first valid wins: seed 004's as it is; shards moved, then
+  // Partials made innermost first; Partials made innermost first, then shards moved.
+  for (int order = 0; order < 3; ++order) {
+    Transitions ts = reductions;
+    auto add_makes = [&] {
+      for (int k = static_cast<int>(dst.size()); k-- > 0;)
+        for (const Transition& t : makes)
+          if (t.mesh_dim == k) ts.push_back(t);
+    };
+    if (order == 0)
+      for (const Transition& t : rest) ts.push_back(t);
+    if (order == 2) add_makes();
+    if (order > 0)
+      for (const Transition& t : moves) ts.push_back(t);
+    if (order == 1) add_makes();
+    if (transitions_valid(src, ts)) return ts;
+  }
+  // Else step by step: the first transition that is valid now, Partials made innermost first
+  // preferred.
+  Transitions pending;
+  for (int k = static_cast<int>(dst.size()); k-- > 0;)
+    for (const Transition& t : makes)
+      if (t.mesh_dim == k) pending.push_back(t);
+  for (const Transition& t : moves) pending.push_back(t);
+  Transitions ts = reductions;
+  Placements state = mid;
+  while (!pending.empty()) {
+    std::size_t pick = pending.size();
+    for (std::size_t i = 0; i < pending.size() && pick == pending.size(); ++i) {
+      Placements next = state;
+      next[pending[i].mesh_dim] = pending[i].to;
+      if (state[pending[i].mesh_dim] == pending[i].from &&
+          transition_valid(pending[i].mesh_dim, state, next))
+        pick = i;
+    }
+    if (pick == pending.size()) break;
+    state[pending[pick].mesh_dim] = pending[pick].to;
+    ts.push_back(pending[pick]);
+    Transitions rest_pending;
+    for (std::size_t i = 0; i < pending.size(); ++i)
+      if (i != pick) rest_pending.push_back(pending[i]);
+    pending = rest_pending;
+  }
+  return ts;  // when something could not be placed, not a plan to dst: the builder prunes it
 }
 
 // The greedy sequence with S(i) -> R ... R -> S(j) pairs on one mesh dim turned into one
@@ -224,7 +312,9 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
   return bound;
 }
 
-// Whether every shard of `ps` over base's mesh cuts its tensor dim into equal pieces.
+// Whether every shard of `ps` over base's mesh cuts its tensor dim into equal pieces. Every
+// mesh dim it asks base's mesh about is in range: it cannot throw.
+// NOLINTNEXTLINE(bugprone-exception-escape): cannot throw, see above
 constexpr bool is_even(const Layout& base, const Placements& ps) noexcept {
   std::int64_t parts[max_tensor_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
   for (int k = 0; k < base.mesh().ndim(); ++k)
@@ -250,6 +340,11 @@ struct plan_builder {
     Plan plan(src, dst);
     plan.options_ = options;
     Placements state = src.placements();
+    if (!transitions_valid(state, prefix) ||
+        !transitions_valid(exchange_to != nullptr ? *exchange_to : state, suffix)) {
+      plan.pruned_ = true;  // a step that is not one group operation: never chosen
+      return plan;
+    }
     add_transitions(plan, state, prefix);
     if (exchange_to != nullptr) {
       Step s;
@@ -433,6 +528,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
 constexpr bool better(const Plan& a, const Plan& b, Objective objective) {
   constexpr double eps = 1e-9;
   if (plan_builder::pruned(a)) return false;
+  if (plan_builder::pruned(b)) return true;
   if (objective == Objective::bytes && a.bytes_recv_max() != b.bytes_recv_max())
     return a.bytes_recv_max() < b.bytes_recv_max();
   if (a.est_us() < b.est_us() - eps) return true;
@@ -484,6 +580,12 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  if (detail::mixed_partials(a, b)) {
+    const Plan p =
+        detail::plan_builder::build(src, dst, detail::reduce_all_first(a, b), options,
+                                    detail::plan_builder::pruned(best) ? nullptr : &best);
+    if (detail::better(p, best, options.objective)) best = p;
+  }
   if (options.allow_all_to_all) {
     const detail::Transitions a2a = detail::with_all_to_all(a, greedy);
     if (a2a.size() != greedy.size()) {
@@ -493,8 +595,10 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   }
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
-  if (options.allow_exchange && !(a == b) && best.bytes_recv_max() > bound)
+  if (options.allow_exchange && !(a == b) &&
+      (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound))
     detail::try_exchanges(src, dst, options, best);
+  if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
   detail::plan_builder::set_lower_bound(best, bound);
   return best;
 }

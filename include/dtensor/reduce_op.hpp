@@ -38,4 +38,10 @@ constexpr bool is_linear(ReduceOp op) noexcept {
   return op == ReduceOp::sum || op == ReduceOp::avg;
 }
 
+// Whether reducing over two mesh dims with these ops gives the same in either order: the same
+// op, or two linear ones.
+constexpr bool ops_commute(ReduceOp a, ReduceOp b) noexcept {
+  return a == b || (is_linear(a) && is_linear(b));
+}
+
 }  // namespace dtensor

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -46,8 +47,8 @@ inline double partial_part(double x, ReduceOp op, int c, int g, bool non_negativ
     }
   }
   switch (op) {
-    case ReduceOp::sum: return c < g - 1 ? double(c + 1) : x - double((g - 1) * g / 2);
-    case ReduceOp::avg: return c < g - 1 ? x + double(c + 1) : x - double((g - 1) * g / 2);
+    case ReduceOp::sum: return c < g - 1 ? double(c + 1) : x - double((g - 1) * g) / 2;
+    case ReduceOp::avg: return c < g - 1 ? x + double(c + 1) : x - double((g - 1) * g) / 2;
     case ReduceOp::max: return c == 0 ? x : x - double(c + 1);
     case ReduceOp::min: return c == 0 ? x : x + double(c + 1);
     case ReduceOp::product: return c == 0 ? x : 1.0;
@@ -76,10 +77,34 @@ void for_each_element(const Shape& global, const Box& box, F&& f) {
 
 }  // namespace detail
 
+namespace detail {
+
+// The value at linear index `linear` of the global view: the index itself, wrapped where T
+// cannot hold it exactly together with the partial parts made from it (u8 and the other
+// integers: no overflow, which would be undefined; f16 and bf16: integers their few mantissa
+// bits hold exactly, so that parts reduce back to the value without rounding).
+template <class T>
+double global_view_value(std::int64_t linear) {
+  std::int64_t period = 0;
+  if constexpr (std::is_same_v<T, std::uint8_t>)
+    period = 64;
+  else if constexpr (std::is_same_v<T, bf16_t>)
+    period = 128;
+  else if constexpr (std::is_same_v<T, f16_t>)
+    period = 1024;
+  else if constexpr (std::is_same_v<T, float>)
+    period = std::int64_t{1} << 23;
+  else if constexpr (std::is_integral_v<T>)
+    period = static_cast<std::int64_t>(std::numeric_limits<T>::max() / 2);
+  return double(period > 0 ? linear % period : linear);
+}
+
+}  // namespace detail
+
 // Global rank `rank`'s block of `layout` when the global tensor holds its own linear index
-// (row-major): the source a global-view check gives each rank. Partial dims split each value
-// into distinct parts that reduce to it (innermost first, since reductions run outermost
-// first).
+// (row-major; wrapped where the dtype cannot hold it exactly: detail::global_view_value): the
+// source a global-view check gives each rank. Partial dims split each value into distinct
+// parts that reduce to it (innermost first, since reductions run outermost first).
 template <class T>
 std::vector<T> global_view_block(const Layout& layout, int rank) {
   const DeviceMesh& mesh = layout.mesh();
@@ -87,7 +112,7 @@ std::vector<T> global_view_block(const Layout& layout, int rank) {
   const Box box = layout.local_box(c);
   std::vector<T> v(static_cast<std::size_t>(box.numel()));
   detail::for_each_element(layout.global_shape(), box, [&](std::int64_t linear, std::int64_t at) {
-    double x = double(linear);
+    double x = detail::global_view_value<T>(linear);
     for (int k = mesh.ndim(); k-- > 0;)
       if (layout.placement(k).is_partial())
         x = detail::partial_part(x, layout.placement(k).reduce_op(), c[k], mesh.size(k),
@@ -206,7 +231,8 @@ Verification verify_typed(const Plan& plan, RunOnRanks<T> run) {
       values = std::move(reduced);
     }
     for_each_element(global, box, [&](std::int64_t linear, std::int64_t at) {
-      const double got = values[0][static_cast<std::size_t>(at)], want = double(linear);
+      const double got = values[0][static_cast<std::size_t>(at)],
+                   want = global_view_value<T>(linear);
       if (std::abs(got - want) > tolerance * (std::abs(want) > 1 ? std::abs(want) : 1.0))
         differ("rank " + std::to_string(mesh.rank(c)) + " holds " + std::to_string(got) +
                " where the target has " + std::to_string(want) + " (global element " +

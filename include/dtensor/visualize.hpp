@@ -98,7 +98,7 @@ inline std::string sharding_picture(const Layout& layout) {
         width[c] += 2;
       }
       auto rule = [&](std::string_view left, std::string_view mid, std::string_view right) {
-        std::string line(label_w + (label_w ? 1 : 0), ' ');
+        std::string line(label_w + (label_w > 0 ? 1 : 0), ' ');
         line += left;
         for (std::size_t c = 0; c < ncols; ++c) {
           line += detail::repeat("─", width[c]);
@@ -106,14 +106,14 @@ inline std::string sharding_picture(const Layout& layout) {
         }
         return line + "\n";
       };
-      std::string header(label_w + (label_w ? 1 : 0) + 1, ' ');
+      std::string header(label_w + (label_w > 0 ? 1 : 0) + 1, ' ');
       for (std::size_t c = 0; c < ncols; ++c)
         header += fmt::format("{:^{}} ", col_labels[c], width[c]);
       while (!header.empty() && header.back() == ' ') header.pop_back();
       out += header + "\n";
       out += rule("┌", "┬", "┐");
       for (std::size_t r = 0; r < nrows; ++r) {
-        out += fmt::format("{:>{}}{}│", row_labels[r], label_w, label_w ? " " : "");
+        out += fmt::format("{:>{}}{}│", row_labels[r], label_w, label_w > 0 ? " " : "");
         for (std::size_t c = 0; c < ncols; ++c)
           out += fmt::format("{:^{}}│", cells[r * ncols + c], width[c]);
         out += "\n";

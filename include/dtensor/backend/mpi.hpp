@@ -94,7 +94,7 @@ class MpiHostOps : public HostOps {
 
   explicit MpiHostOps(const bool* aborted) : aborted_(aborted) {}
   [[nodiscard]] Buffer allocate(std::size_t bytes, bool zero = false) const {
-    return Buffer(bytes, zero, aborted_);
+    return {bytes, zero, aborted_};
   }
 
  private:
@@ -307,7 +307,7 @@ class MpiBackend {
       must(MPI_Testall(static_cast<int>(r.requests_.size()), r.requests_.data(), &flag,
                        MPI_STATUSES_IGNORE),
            "MPI_Testall");
-    if (flag) {
+    if (flag != 0) {
       finish(r);
       return true;
     }
@@ -383,7 +383,7 @@ class MpiBackend {
     ~State() {
       int finalized = 0;
       MPI_Finalized(&finalized);
-      if (finalized) return;
+      if (finalized != 0) return;
       if (notice_request != MPI_REQUEST_NULL) {
         MPI_Cancel(&notice_request);
         MPI_Request_free(&notice_request);
@@ -415,7 +415,7 @@ class MpiBackend {
     if (!st.aborted && st.notice_request != MPI_REQUEST_NULL) {
       int arrived = 0;
       MPI_Status status;
-      if (MPI_Test(&st.notice_request, &arrived, &status) == MPI_SUCCESS && arrived) {
+      if (MPI_Test(&st.notice_request, &arrived, &status) == MPI_SUCCESS && arrived != 0) {
         int length = 0;
         MPI_Get_count(&status, MPI_CHAR, &length);
         st.aborted = true;
@@ -453,7 +453,7 @@ class MpiBackend {
     return static_cast<int>(n);
   }
 
-  MPI_Comm group(int mesh_dim) const {
+  [[nodiscard]] MPI_Comm group(int mesh_dim) const {
     if (mesh_dim < 0 || mesh_dim >= mesh_.ndim())
       throw error("mesh dim " + std::to_string(mesh_dim) + " is out of range for a mesh of " +
                   std::to_string(mesh_.ndim()) + " dims");
@@ -463,7 +463,8 @@ class MpiBackend {
   // inout[i] = in[i] op inout[i] with dtensor's own arithmetic (saturating integer sums, NaN
   // propagating max and min), so MPI and the simulated backend agree.
   template <class T, ReduceOp Op>
-  static void combine_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  // NOLINTNEXTLINE(readability-non-const-parameter): MPI_User_function's signature
+  static void combine_op(void* in, void* inout, int* len, MPI_Datatype* /*datatype*/) {
     const T* a = static_cast<const T*>(in);
     T* b = static_cast<T*>(inout);
     for (int i = 0; i < *len; ++i) b[i] = detail::combine(a[i], b[i], Op);

@@ -313,10 +313,13 @@ void BasicSimulatedWorld<Lane>::run(F&& f) {
   }
   // Every lane outlives every thread: a rank that finishes first must not free what another
   // still waits on (on a device lane, its events).
+  const auto ranks = static_cast<std::size_t>(mesh_.size());
   std::vector<std::unique_ptr<Lane>> lanes;
+  lanes.reserve(ranks);
   for (int i = 0; i < mesh_.size(); ++i) lanes.push_back(std::make_unique<Lane>(i, setting_));
   std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(mesh_.size()));
+  threads.reserve(ranks);
+  std::vector<std::exception_ptr> errors(ranks);
   for (int i = 0; i < mesh_.size(); ++i) {
     threads.emplace_back([this, &f, &errors, &lanes, i] {
       Lane& lane = *lanes[static_cast<std::size_t>(i)];

@@ -94,6 +94,12 @@ constexpr C multiply(C a, C b) noexcept {
   }
 }
 
+// Whether x is NaN: the one value unequal to itself (std::isnan is not constexpr in C++20).
+template <class C>
+constexpr bool is_nan(C x) noexcept {
+  return x != x;  // NOLINT(misc-redundant-expression): the NaN test itself
+}
+
 // a op b, where avg accumulates as a sum (the caller divides once at the end). NaN
 // propagates through max and min.
 template <class C>
@@ -104,11 +110,11 @@ constexpr C combine(C a, C b, ReduceOp op) noexcept {
     case ReduceOp::product: return multiply(a, b);
     case ReduceOp::max:
       if constexpr (std::numeric_limits<C>::has_quiet_NaN)
-        if (a != a || b != b) return a != a ? a : b;
+        if (is_nan(a) || is_nan(b)) return is_nan(a) ? a : b;
       return a < b ? b : a;
     case ReduceOp::min:
       if constexpr (std::numeric_limits<C>::has_quiet_NaN)
-        if (a != a || b != b) return a != a ? a : b;
+        if (is_nan(a) || is_nan(b)) return is_nan(a) ? a : b;
       return b < a ? b : a;
   }
   return a;

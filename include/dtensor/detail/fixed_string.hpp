@@ -11,8 +11,8 @@ template <std::size_t N>
 class fixed_string {
  public:
   constexpr fixed_string() = default;
-  constexpr explicit fixed_string(std::string_view s) noexcept {
-    size_ = s.size() < N ? s.size() : N;
+  constexpr explicit fixed_string(std::string_view s) noexcept
+      : size_(s.size() < N ? s.size() : N) {
     for (std::size_t i = 0; i < size_; ++i) data_[i] = s[i];
   }
   [[nodiscard]] constexpr std::string_view view() const noexcept { return {data_.data(), size_}; }

@@ -14,7 +14,7 @@ constexpr float to_float(bf16_t v) noexcept {
 }
 
 constexpr bf16_t to_bf16(float f) noexcept {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  const auto u = std::bit_cast<std::uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16_t{static_cast<std::uint16_t>((u >> 16) | 0x40)};
   const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return bf16_t{static_cast<std::uint16_t>((u + rounding) >> 16)};
@@ -40,8 +40,8 @@ constexpr float to_float(f16_t v) noexcept {
 }
 
 constexpr f16_t to_f16(float f) noexcept {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return f16_t{static_cast<std::uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return f16_t{static_cast<std::uint16_t>(sign | 0x7c00u)};  // Inf
@@ -53,12 +53,12 @@ constexpr f16_t to_f16(float f) noexcept {
     std::uint32_t half = mantissa >> (shift);
     const std::uint32_t rest = mantissa & ((1u << shift) - 1);
     const std::uint32_t midpoint = 1u << (shift - 1);
-    if (rest > midpoint || (rest == midpoint && (half & 1u))) ++half;
+    if (rest > midpoint || (rest == midpoint && (half & 1u) != 0)) ++half;
     return f16_t{static_cast<std::uint16_t>(sign | half)};
   }
   std::uint32_t half = ((abs >> 13) - ((127 - 15) << 10));
   const std::uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u) != 0)) ++half;
   return f16_t{static_cast<std::uint16_t>(sign | half)};
 }
 

@@ -1,9 +1,11 @@
 #pragma once
 
+#include <algorithm>
 #include <coroutine>
 #include <cstdint>
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "../backend.hpp"
 #include "../errors.hpp"
@@ -26,8 +28,10 @@ template <class B>
 void start_parked(ExecutionQueue& queue);
 
 // One execute_async run: the plan (a copy, so the caller's may go), its coroutine, and the
-// operation it waits for.
+// operation it waits for. It stays where it is made (its queue and coroutine point at it):
+// copies are deleted, moves with them, and the implicit destructor is the right one.
 template <class B>
+// NOLINTNEXTLINE(cppcoreguidelines-special-member-functions): see above
 struct Running final : InFlight {
   B& backend;
   const Plan plan;
@@ -136,9 +140,9 @@ inline bool any_in_flight() {
 // operation started now comes after all of them on every rank, and no rank can be waiting for
 // this one to start something.
 inline bool all_started() {
-  for (const ExecutionQueue* queue : all_queues())
-    if (!queue->all_started()) return false;
-  return true;
+  const std::vector<ExecutionQueue*>& queues = all_queues();
+  return std::all_of(queues.begin(), queues.end(),
+                     [](const ExecutionQueue* queue) { return queue->all_started(); });
 }
 
 // Advances everything in flight until `me` is done.

@@ -48,7 +48,9 @@ struct PendingOp {
 };
 
 // The awaitable of one operation; `Call` runs it blocking (`run`) or starts it (`start`).
+// It is final and PendingOp's destructor is protected: nothing destroys it through a base.
 template <class B, class Call>
+// NOLINTNEXTLINE(cppcoreguidelines-virtual-class-destructor): final, see above
 class Operation final : public PendingOp<B> {
  public:
   Operation(const Link<B>& link, const Call& call) : link_(link), call_(call) {}
@@ -145,27 +147,28 @@ struct ExchangeCall {
 };
 
 // A backend for one run: blocking operations, or those of the asynchronous run `running`. Each
-// operation is awaited: `co_await link.all_gather(...)`.
+// operation is awaited, `co_await link.all_gather(...)`: one never awaited never runs.
 template <class B>
 struct Link {
   B& backend;
   Running<B>* running = nullptr;
 
-  auto all_gather(int k, const void* send, void* recv, std::size_t bytes) const {
+  [[nodiscard]] auto all_gather(int k, const void* send, void* recv, std::size_t bytes) const {
     return Operation<B, AllGatherCall>(*this, {k, send, recv, bytes});
   }
-  auto reduce_scatter(int k, const void* send, void* recv, std::size_t count, DType dtype,
-                      ReduceOp op) const {
+  [[nodiscard]] auto reduce_scatter(int k, const void* send, void* recv, std::size_t count,
+                                    DType dtype, ReduceOp op) const {
     return Operation<B, ReduceCall>(*this, {true, k, send, recv, count, dtype, op});
   }
-  auto all_reduce(int k, const void* send, void* recv, std::size_t count, DType dtype,
-                  ReduceOp op) const {
+  [[nodiscard]] auto all_reduce(int k, const void* send, void* recv, std::size_t count, DType dtype,
+                                ReduceOp op) const {
     return Operation<B, ReduceCall>(*this, {false, k, send, recv, count, dtype, op});
   }
-  auto all_to_all(int k, const void* send, void* recv, std::size_t bytes) const {
+  [[nodiscard]] auto all_to_all(int k, const void* send, void* recv, std::size_t bytes) const {
     return Operation<B, AllToAllCall>(*this, {k, send, recv, bytes});
   }
-  auto exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) const {
+  [[nodiscard]] auto exchange(std::span<const SendMessage> sends,
+                              std::span<const RecvMessage> recvs) const {
     return Operation<B, ExchangeCall>(*this, {sends, recvs});
   }
 };

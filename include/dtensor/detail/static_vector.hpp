@@ -37,25 +37,25 @@ class static_vector {
   constexpr T& operator[](std::size_t i) noexcept { return data_[i]; }
   constexpr const T& operator[](std::size_t i) const noexcept { return data_[i]; }
   // Bounds-checked access.
-  constexpr const T& at(std::size_t i) const {
+  [[nodiscard]] constexpr const T& at(std::size_t i) const {
     if (i >= size_) fail<why::index_out_of_range>(i, size_);
     return data_[i];
   }
-  constexpr T& at(std::size_t i) {
+  [[nodiscard]] constexpr T& at(std::size_t i) {
     if (i >= size_) fail<why::index_out_of_range>(i, size_);
     return data_[i];
   }
-  constexpr T& front() noexcept { return data_[0]; }
-  constexpr const T& front() const noexcept { return data_[0]; }
-  constexpr T& back() noexcept { return data_[size_ - 1]; }
-  constexpr const T& back() const noexcept { return data_[size_ - 1]; }
+  [[nodiscard]] constexpr T& front() noexcept { return data_[0]; }
+  [[nodiscard]] constexpr const T& front() const noexcept { return data_[0]; }
+  [[nodiscard]] constexpr T& back() noexcept { return data_[size_ - 1]; }
+  [[nodiscard]] constexpr const T& back() const noexcept { return data_[size_ - 1]; }
 
-  constexpr T* data() noexcept { return data_.data(); }
-  constexpr const T* data() const noexcept { return data_.data(); }
-  constexpr iterator begin() noexcept { return data_.data(); }
-  constexpr iterator end() noexcept { return data_.data() + size_; }
-  constexpr const_iterator begin() const noexcept { return data_.data(); }
-  constexpr const_iterator end() const noexcept { return data_.data() + size_; }
+  [[nodiscard]] constexpr T* data() noexcept { return data_.data(); }
+  [[nodiscard]] constexpr const T* data() const noexcept { return data_.data(); }
+  [[nodiscard]] constexpr iterator begin() noexcept { return data_.data(); }
+  [[nodiscard]] constexpr iterator end() noexcept { return data_.data() + size_; }
+  [[nodiscard]] constexpr const_iterator begin() const noexcept { return data_.data(); }
+  [[nodiscard]] constexpr const_iterator end() const noexcept { return data_.data() + size_; }
 
   constexpr void push_back(const T& v) {
     if (size_ == N) fail<why::capacity_exceeded>(N, N + 1);

@@ -90,9 +90,10 @@ constexpr void for_each_exchange_target(const Layout& base, const Placements& be
 
 // The number of pieces that tensor dim d of `range` is cut into by the shards of mesh dims from
 // `depth` on, counting only non-empty pieces that overlap `want` (both ranges of dim d).
+// Depth-first over the nesting: the recursion is at most 8 deep (one level per mesh dim).
+// NOLINTNEXTLINE(misc-no-recursion): bounded by the mesh's dims, see above
 constexpr std::int64_t pieces_overlapping(const Layout& base, const Placements& ps, int depth,
                                           int d, Range range, Range want) {
-  // Depth-first over the nesting; the meshes here have at most 8 dims.
   int next = depth;
   while (next < base.mesh().ndim() && !ps[next].is_shard(d)) ++next;
   const std::int64_t lo = range.start > want.start ? range.start : want.start;

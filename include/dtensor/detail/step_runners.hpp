@@ -16,9 +16,7 @@
 // The steps of a plan on one rank's buffers, written once for every backend: each is a
 // coroutine that packs, `co_await`s its collective through a Link (blocking, or started and
 // finished later for execute_async) and unpacks.
-namespace dtensor {
-
-namespace detail {
+namespace dtensor::detail {
 
 // How a collective step moves uneven pieces on this group: a native collective on pieces of one
 // size (even, or padded), or exact sizes in one point-to-point round.
@@ -30,10 +28,10 @@ struct StepContext {
   Layout before, after;
   MeshCoord me;
   Box have, want;
-  std::size_t elem;
+  std::size_t elem = 0;
   // Every group of the step cuts its pieces equally: one native collective everywhere. The
   // choice must be the same on every rank, since an exact step is a mesh-wide round.
-  bool even;
+  bool even = false;
 };
 
 // Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
@@ -301,9 +299,9 @@ Task<std::size_t> run_exchange(Link<B> link, const Ops& ops, const StepContext& 
   const DeviceMesh& mesh = base.mesh();
   // Pieces to other ranks packed one after another, pieces from them staged the same way.
   struct Piece {
-    int peer;
+    int peer = 0;
     Box box;
-    std::size_t at;
+    std::size_t at = 0;
   };
   std::vector<Piece> outgoing, incoming;
   std::size_t send_bytes = 0, recv_bytes = 0;
@@ -326,6 +324,8 @@ Task<std::size_t> run_exchange(Link<B> link, const Ops& ops, const StepContext& 
   auto staging = ops.allocate(recv_bytes);
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
+  sends.reserve(outgoing.size());
+  recvs.reserve(incoming.size());
   for (const Piece& p : outgoing) {
     copy_piece(ops, cur, c.have, packed.data() + p.at, p.box, p.box, c.elem);
     sends.push_back({p.peer, packed.data() + p.at, bytes_of(p.box, c.elem)});
@@ -436,6 +436,4 @@ Task<void> run_plan(const Plan& plan, Link<B> link, MeshCoord me, const std::byt
   }
 }
 
-}  // namespace detail
-
-}  // namespace dtensor
+}  // namespace dtensor::detail

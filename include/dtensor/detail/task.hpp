@@ -21,14 +21,14 @@ struct TaskPromiseBase {
   struct FinalAwaiter {
     [[nodiscard]] bool await_ready() const noexcept { return false; }
     template <class P>
-    std::coroutine_handle<> await_suspend(std::coroutine_handle<P> h) const noexcept {
+    [[nodiscard]] std::coroutine_handle<> await_suspend(std::coroutine_handle<P> h) const noexcept {
       return h.promise().continuation;
     }
     void await_resume() const noexcept {}
   };
 
-  std::suspend_always initial_suspend() const noexcept { return {}; }
-  FinalAwaiter final_suspend() const noexcept { return {}; }
+  [[nodiscard]] std::suspend_always initial_suspend() const noexcept { return {}; }
+  [[nodiscard]] FinalAwaiter final_suspend() const noexcept { return {}; }
   void unhandled_exception() noexcept { error = std::current_exception(); }
 };
 

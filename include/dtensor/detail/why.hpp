@@ -7,6 +7,8 @@
 // offending values) is the run-time dtensor::error message.
 namespace dtensor::detail::why {
 
+// A macro, since each reason is a type named by its argument (a template cannot declare one).
+// NOLINTNEXTLINE(cppcoreguidelines-macro-usage): see above
 #define DTENSOR_WHY(name, message)                    \
   struct name {                                       \
     static constexpr std::string_view text = message; \
@@ -55,6 +57,8 @@ DTENSOR_WHY(avg_needs_float,
             "the sum behind it overflows; use Partial(sum)");
 DTENSOR_WHY(layout_policy_mismatch, "the two layouts chunk uneven dims with different policies");
 DTENSOR_WHY(adjoint_nonlinear, "the adjoint needs R, S(d) or P(sum) placements: P({}) has no dual");
+
+DTENSOR_WHY(no_valid_plan, "internal error: the planner found no valid plan");
 
 DTENSOR_WHY(backend_mesh_mismatch, "the backend's mesh {} is not the plan's mesh {}");
 DTENSOR_WHY(buffer_too_small, "the {} buffer holds {} bytes, but rank {} needs {}");
