@@ -9,6 +9,8 @@
 
 #include <fmt/core.h>
 
+#include "agreement.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -73,17 +75,9 @@ std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
   return jobs;
 }
 
-class Checker {
+class Checker : public testing::Agreement {
  public:
-  explicit Checker(int rank) : rank_(rank) {}
-
-  // Every rank agrees on the verdict of `name`: `ok` on all ranks.
-  void agree(const std::string& name, bool ok, const std::string& why = "") {
-    int bad = ok ? 0 : 1, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (!ok) fmt::print(stderr, "rank {}: {} failed: {}\n", rank_, name, why);
-    any ? ++failed_ : ++passed_;
-  }
+  using Agreement::Agreement;
   // The async results equal the blocking ones; the targets are reset for the next round.
   void results(const std::string& name, std::vector<Job>& jobs) {
     std::string why;
@@ -94,12 +88,6 @@ class Checker {
     }
     agree(name, why.empty(), why);
   }
-  [[nodiscard]] int passed() const { return passed_; }
-  [[nodiscard]] int failed() const { return failed_; }
-
- private:
-  int rank_;
-  int passed_ = 0, failed_ = 0;
 };
 
 Execution<MpiBackend> start(Job& j, MpiBackend& backend) {

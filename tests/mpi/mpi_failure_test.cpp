@@ -10,6 +10,8 @@
 
 #include <fmt/core.h>
 
+#include "agreement.hpp"
+
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -85,21 +87,7 @@ Outcome attempt(const std::function<void()>& f) {
   return o;
 }
 
-class Checker {
- public:
-  explicit Checker(int rank) : rank_(rank) {}
-  void agree(const std::string& name, bool ok, const std::string& why) {
-    int bad = ok ? 0 : 1, any = 0;
-    MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (!ok) fmt::print(stderr, "rank {}: {} failed: {}\n", rank_, name, why);
-    any ? ++failed_ : ++passed_;
-  }
-  [[nodiscard]] int passed() const { return passed_; }
-  [[nodiscard]] int failed() const { return failed_; }
-
- private:
-  int rank_, passed_ = 0, failed_ = 0;
-};
+using Checker = testing::Agreement;
 
 bool contains(const std::string& s, std::string_view part) {
   return s.find(part) != std::string::npos;
