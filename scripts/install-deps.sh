@@ -2,7 +2,7 @@
 # Installs the Debian packages dtensor builds and tests with, when any is missing.
 set -euo pipefail
 packages=(cmake g++ ninja-build ccache catch2 libfmt-dev libeigen3-dev libopenmpi-dev openmpi-bin
-          clang-format libbenchmark-dev libclang-rt-14-dev)
+          clang clang-format clang-tidy libbenchmark-dev libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
