@@ -194,6 +194,32 @@ TEST_CASE("seed 004 misorders nested shards whose parent changes; we do not", "[
   CHECK(state == p.dst().placements());
 }
 
+TEST_CASE("inner mesh dims chunk and reduce before the outer gather", "[planner]") {
+  // Seed 004's order gathers the outer shard first and then works on a block twice as large;
+  // PyTorch's current planner and ours run the cheaper order. Found by bench/compare_pytorch.
+  const DeviceMesh m({2, 4});
+  const Shape shape{8, 16};
+  const std::int64_t tensor = 8 * 16 * 4;
+  // Chunk mesh dim 1 (free), then all-gather a quarter block over mesh dim 0.
+  Plan p =
+      plan_redistribute(layout(m, "S(0),R", shape), layout(m, "R,S(1)", shape), collectives_only);
+  CHECK(kinds(p) == std::vector{K::chunk, K::all_gather});
+  CHECK(p.bytes_recv_max() == tensor / 8);
+  CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
+  // All-reduce the half block over mesh dim 1, then all-gather over mesh dim 0.
+  p = plan_redistribute(layout(m, "S(0),P", shape), layout(m, "R,R", shape));
+  CHECK(kinds(p) == std::vector{K::all_reduce, K::all_gather});
+  CHECK(p[0].mesh_dim == 1);
+  CHECK(p.bytes_recv_max() == 2 * 3 * (tensor / 2) / 4 + tensor / 2);
+  // Reduce-scatter the half block, then all-gather an eighth.
+  p = plan_redistribute(layout(m, "S(0),P", shape), layout(m, "R,S(1)", shape));
+  CHECK(kinds(p) == std::vector{K::reduce_scatter, K::all_gather});
+  CHECK(p.bytes_recv_max() == 3 * tensor / 8 + tensor / 8);
+  // The Partial target is made only after the source Partial is reduced.
+  p = plan_redistribute(layout(m, "P,R", shape), layout(m, "R,P", shape));
+  CHECK(kinds(p) == std::vector{K::all_reduce, K::scale});
+}
+
 TEST_CASE("(S(0), R) -> (R, S(0)) on 2x4: the exchange moves half the greedy bytes", "[planner]") {
   const DeviceMesh m({2, 4});
   const Layout a = layout(m, "S(0),R", {1024, 4096}, DType::bf16);

@@ -23,6 +23,7 @@ struct Transition {
   int mesh_dim = 0;
   Placement from;
   Placement to;
+  friend constexpr bool operator==(const Transition&, const Transition&) noexcept = default;
 };
 
 using Transitions = static_vector<Transition, max_plan_steps>;
@@ -324,6 +325,94 @@ constexpr bool is_even(const Layout& base, const Placements& ps) noexcept {
   return true;
 }
 
+// What step `kind` from `before` to `after` on mesh dim k costs its busiest rank, for ranking
+// orders: bytes received under Objective::bytes (time breaking ties), else time. Unpadded;
+// with every piece even, rank 0 speaks for all.
+constexpr double order_step_cost(const Layout& base, const Placements& before,
+                                 const Placements& after, int k, const PlanOptions& o) {
+  const Placement from = before[k];
+  const Placement to = after[k];
+  StepKind kind = step_kind(from, to);
+  Placements to_state = after;
+  if (from.is_partial() && to.is_partial()) {  // P(a) -> P(b): the all-reduce costs
+    kind = StepKind::all_reduce;
+    to_state[k] = Placement::replicate();
+  }
+  const DeviceMesh& mesh = base.mesh();
+  if (!moves_data(kind) || mesh.size(k) == 1) return 0;
+  bool fixed[max_mesh_dims] = {};
+  const bool even = is_even(base, before) && is_even(base, to_state);
+  for (int j = 0; j < mesh.ndim(); ++j)
+    fixed[j] = even || (!before[j].is_shard() && !to_state[j].is_shard());
+  double most = 0;
+  for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
+                 [&](const MeshCoord& c) {
+                   const RankStepCost rc =
+                       rank_step_cost(base, before, to_state, kind, k, false, c, o.cost_model);
+                   const double v = o.objective == Objective::bytes
+                                        ? static_cast<double>(rc.bytes.recv) + rc.us * 1e-9
+                                        : rc.us;
+                   most = v > most ? v : most;
+                 });
+  return most;
+}
+
+// The order of the transitions `ts` (from `src`'s placements) with the least summed step cost
+// (order_step_cost), by dynamic programming over the sets of transitions done: transitions of
+// one mesh dim keep their order, every step stays a valid group operation, and Partials are
+// made only after the source's Partials are reduced (as reductions_first). Collectives cost
+// less on smaller blocks, so this runs local chunks and reductions before gathers where that
+// is cheaper: (S(0), R) -> (R, S(1)) chunks mesh dim 1 first and all-gathers a quarter block.
+// Returns `ts` itself when it has fewer than 2 or more than max_ordered_transitions items.
+inline constexpr int max_ordered_transitions = 8;
+constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
+                                     const PlanOptions& o) {
+  const int t = static_cast<int>(ts.size());
+  if (t < 2 || t > max_ordered_transitions) return ts;
+  constexpr int states = 1 << max_ordered_transitions;
+  constexpr double unreached = 1e300;
+  double best[states] = {};
+  int last[states] = {};
+  unsigned before_mask[max_ordered_transitions] = {};  // what must be done before item i
+  unsigned reductions = 0;
+  for (int i = 0; i < t; ++i)
+    if (ts[i].from.is_partial()) reductions |= 1u << i;
+  for (int i = 0; i < t; ++i) {
+    for (int j = 0; j < i; ++j)
+      if (ts[j].mesh_dim == ts[i].mesh_dim) before_mask[i] |= 1u << j;
+    if (ts[i].to.is_partial() && !ts[i].from.is_partial()) before_mask[i] |= reductions;
+  }
+  const unsigned full = (1u << t) - 1;
+  for (unsigned m = 1; m <= full; ++m) best[m] = unreached;
+  for (unsigned m = 0; m < full; ++m) {
+    if (best[m] >= unreached) continue;
+    Placements state = base.placements();
+    for (int i = 0; i < t; ++i)  // one dim's transitions are done in index order
+      if ((m >> i & 1u) != 0) state[ts[i].mesh_dim] = ts[i].to;
+    for (int i = 0; i < t; ++i) {
+      if ((m >> i & 1u) != 0 || (before_mask[i] & ~m) != 0) continue;
+      const Transition& tr = ts[i];
+      if (!(state[tr.mesh_dim] == tr.from)) continue;
+      Placements next = state;
+      next[tr.mesh_dim] = tr.to;
+      if (!transition_valid(tr.mesh_dim, state, next)) continue;
+      const unsigned n = m | 1u << i;
+      const double c = best[m] + order_step_cost(base, state, next, tr.mesh_dim, o);
+      if (c < best[n]) {
+        best[n] = c;
+        last[n] = i;
+      }
+    }
+  }
+  if (best[full] >= unreached) return ts;
+  int order[max_ordered_transitions] = {};
+  for (unsigned m = full, i = static_cast<unsigned>(t); m != 0; m &= ~(1u << last[m]))
+    order[--i] = last[m];
+  Transitions out;
+  for (int i = 0; i < t; ++i) out.push_back(ts[order[i]]);
+  return out;
+}
+
 struct plan_builder {
   // The plan of the transitions `ts`, with costs.
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& ts,
@@ -580,6 +669,21 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  // The cheapest order of the same transitions, with all-to-alls where they fit.
+  const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
+  if (!(ordered == greedy)) {
+    const Plan p = detail::plan_builder::build(
+        src, dst, ordered, options, detail::plan_builder::pruned(best) ? nullptr : &best);
+    if (detail::better(p, best, options.objective)) best = p;
+    if (options.allow_all_to_all) {
+      const detail::Transitions a2a = detail::with_all_to_all(a, ordered);
+      if (a2a.size() != ordered.size()) {
+        const Plan q = detail::plan_builder::build(
+            src, dst, a2a, options, detail::plan_builder::pruned(best) ? nullptr : &best);
+        if (detail::better(q, best, options.objective)) best = q;
+      }
+    }
+  }
   if (detail::mixed_partials(a, b)) {
     const Plan p =
         detail::plan_builder::build(src, dst, detail::reduce_all_first(a, b), options,
