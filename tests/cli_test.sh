@@ -29,7 +29,7 @@ expect_in "adjoint" "reduce_scatter"
 check "objective bytes" 0 "$tool" --mesh 4 --shape 5x2 --from 'S(0)' --to R --objective bytes
 check "json" 0 "$tool" --mesh 2x4 --shape 1024x4096 --dtype bf16 --from 'S(0),R' --to 'R,S(1)' --json
 for key in '"mesh":[2,4]' '"shape":[1024,4096]' '"dtype":"bf16"' '"elem_bytes":2' \
-           '"from":["S(0)","R"]' '"to":["R","S(1)"]' '"op":"exchange"' '"mesh_dims":[0,1]' \
+           '"from":["S(0)","R"]' '"to":["R","S(1)"]' '"op":"chunk"' '"op":"all_gather","mesh_dims":[0]' \
            '"bytes_recv_max":1048576' '"lower_bound_bytes_recv_max":1048576' \
            '"src_shape":[512,4096]' '"dst_shape":[1024,1024]' '"coord":[1,3]'; do
   expect_in "json" "$key"

@@ -2,6 +2,7 @@
 
 // Everything that needs no backend: core values, parsing, the typed front end, the planner and
 // formatting.
+#include "batch_plan.hpp"
 #include "config.hpp"
 #include "cost_model.hpp"
 #include "device_mesh.hpp"

@@ -101,6 +101,8 @@ constexpr Box intersect(const Box& a, const Box& b) noexcept {
 // extent.
 class Layout {
  public:
+  // A scalar f32 replicated on a mesh of one rank: what arrays of layouts start as.
+  constexpr Layout() : Layout(DeviceMesh(), {Placement::replicate()}, {}) {}
   constexpr Layout(const DeviceMesh& mesh, const Placements& placements, const Shape& shape,
                    DType dtype = DType::f32, ChunkPolicy policy = ChunkPolicy::torch_chunk)
       : mesh_(mesh), placements_(placements), shape_(shape), dtype_(dtype), policy_(policy) {

@@ -125,6 +125,8 @@ class Plan {
  public:
   using Steps = detail::static_vector<Step, max_plan_steps>;
 
+  // The empty plan of a default Layout: what arrays of plans start as.
+  constexpr Plan() = default;
   constexpr Plan(const Layout& src, const Layout& dst) : src_(src), dst_(dst) {}
 
   [[nodiscard]] constexpr const Layout& src() const noexcept { return src_; }

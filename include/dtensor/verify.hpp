@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "backend/simulated.hpp"
+#include "batch_plan.hpp"
 #include "detail/elementwise.hpp"
 #include "execute.hpp"
+#include "execute_batch.hpp"
 #include "plan.hpp"
 
 // The global-view check of a plan, on the simulated backend: a global tensor holding its own
@@ -144,6 +146,11 @@ void run_on_simulator(const Plan& plan, std::vector<std::vector<T>>& in,
   for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
 }
 
+template <class T>
+void check_typed(const Plan& plan, const std::vector<std::vector<T>>& given,
+                 const std::vector<std::vector<T>>& in, const std::vector<std::vector<T>>& out,
+                 const std::vector<RankBytes>* measured, Verification& report);
+
 // The global-view check of `plan` with `run` executing it.
 template <class T>
 Verification verify_typed(const Plan& plan, RunOnRanks<T> run) {
@@ -151,7 +158,6 @@ Verification verify_typed(const Plan& plan, RunOnRanks<T> run) {
   const Layout& dst = plan.dst();
   const DeviceMesh& mesh = src.mesh();
   const int n = mesh.size();
-  const Shape& global = src.global_shape();
   std::vector<std::vector<T>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
     const int rank = mesh.rank_at(i);
@@ -167,6 +173,22 @@ Verification verify_typed(const Plan& plan, RunOnRanks<T> run) {
     report.difference = std::string("the run failed: ") + e.what();
     return report;
   }
+  check_typed<T>(plan, given, in, out, &measured, report);
+  return report;
+}
+
+// Checks the results `out` of a run of `plan` from the sources `given` (`in`: the source
+// buffers after the run) against the global view, and `measured` (when given) against the
+// planned bytes; the first difference goes to `report`.
+template <class T>
+void check_typed(const Plan& plan, const std::vector<std::vector<T>>& given,
+                 const std::vector<std::vector<T>>& in, const std::vector<std::vector<T>>& out,
+                 const std::vector<RankBytes>* measured, Verification& report) {
+  const Layout& src = plan.src();
+  const Layout& dst = plan.dst();
+  const DeviceMesh& mesh = src.mesh();
+  const int n = mesh.size();
+  const Shape& global = src.global_shape();
   auto differ = [&](std::string what) {
     if (report.difference.empty()) report.difference = std::move(what);
   };
@@ -175,9 +197,11 @@ Verification verify_typed(const Plan& plan, RunOnRanks<T> run) {
                                                                                    : 0.0;
   for (int i = 0; i < n; ++i) {
     const int rank = mesh.rank_at(i);
-    report.measured.push_back(measured[static_cast<std::size_t>(i)]);
-    if (!(report.measured.back() == rank_bytes(plan, rank)))
-      differ("rank " + std::to_string(rank) + " moved other bytes than planned");
+    if (measured != nullptr) {
+      report.measured.push_back((*measured)[static_cast<std::size_t>(i)]);
+      if (!(report.measured.back() == rank_bytes(plan, rank)))
+        differ("rank " + std::to_string(rank) + " moved other bytes than planned");
+    }
     if (in[static_cast<std::size_t>(i)] != given[static_cast<std::size_t>(i)])
       differ("rank " + std::to_string(rank) + "'s source buffer was written");
   }
@@ -259,7 +283,6 @@ Verification verify_typed(const Plan& plan, RunOnRanks<T> run) {
     report.results.emplace_back(reinterpret_cast<const std::byte*>(o.data()),
                                 reinterpret_cast<const std::byte*>(o.data() + o.size()));
   }
-  return report;
 }
 
 }  // namespace detail
@@ -269,6 +292,89 @@ inline Verification verify_on_simulator(const Plan& plan) {
   return detail::visit_dtype(plan.src().dtype(), [&]<class T>() {
     return detail::verify_typed<T>(plan, &detail::run_on_simulator<T>);
   });
+}
+
+// The outcome of verify_batch_on_simulator.
+struct BatchVerification {
+  bool verified = false;
+  // What differs first, when not verified.
+  std::string difference;
+  // Per tensor: its global-view check (its results and sources; no bytes, which the batch
+  // moves together).
+  std::vector<Verification> tensors;
+  // Per rank (row-major mesh order): the bytes the whole batch moved, measured.
+  std::vector<RankBytes> measured;
+  // Collective calls and point-to-point rounds the simulated backend counted.
+  std::int64_t collectives = 0;
+};
+
+// Runs the batched plan on a simulated mesh, every tensor's global view as its data, and checks
+// every tensor on every rank, the bytes each rank moved against batch_rank_bytes, and counts the
+// backend's collectives.
+template <std::size_t N>
+BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
+  BatchVerification report;
+  if (batch.empty()) {
+    report.verified = true;
+    return report;
+  }
+  const DeviceMesh& mesh = batch[0].src().mesh();
+  const auto ranks = static_cast<std::size_t>(mesh.size());
+  using Bytes = std::vector<std::byte>;
+  std::vector<std::vector<Bytes>> in(batch.size()), out(batch.size());
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    const Plan& p = batch[t];
+    for (std::size_t i = 0; i < ranks; ++i) {
+      const int rank = mesh.rank_at(static_cast<int>(i));
+      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+        const std::vector<T> block = global_view_block<T>(p.src(), rank);
+        in[t].emplace_back(reinterpret_cast<const std::byte*>(block.data()),
+                           reinterpret_cast<const std::byte*>(block.data() + block.size()));
+      });
+      out[t].emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+    }
+  }
+  const std::vector<std::vector<Bytes>> given = in;
+  SimulatedWorld world(mesh);
+  try {
+    world.run([&](SimulatedBackend& b) {
+      const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
+      std::vector<TensorBuffers> buffers;
+      for (std::size_t t = 0; t < batch.size(); ++t)
+        buffers.push_back({in[t][i].data(), in[t][i].size(), out[t][i].data(), out[t][i].size()});
+      execute(batch, b, std::span<const TensorBuffers>(buffers));
+    });
+  } catch (const std::exception& e) {
+    report.difference = std::string("the run failed: ") + e.what();
+    return report;
+  }
+  report.collectives = world.collectives();
+  for (std::size_t i = 0; i < ranks; ++i) {
+    const int rank = mesh.rank_at(static_cast<int>(i));
+    report.measured.push_back(world.bytes(rank));
+    if (report.difference.empty() && !(report.measured.back() == batch_rank_bytes(batch, rank)))
+      report.difference = "rank " + std::to_string(rank) + " moved other bytes than planned";
+  }
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    Verification v;
+    detail::visit_dtype(batch[t].src().dtype(), [&]<class T>() {
+      auto typed = [](const std::vector<Bytes>& blocks) {
+        std::vector<std::vector<T>> x;
+        for (const Bytes& b : blocks) {
+          std::vector<T> v(b.size() / sizeof(T));
+          if (!b.empty()) std::memcpy(v.data(), b.data(), b.size());
+          x.push_back(std::move(v));
+        }
+        return x;
+      };
+      detail::check_typed<T>(batch[t], typed(given[t]), typed(in[t]), typed(out[t]), nullptr, v);
+    });
+    if (report.difference.empty() && !v.verified)
+      report.difference = "tensor " + std::to_string(t) + ": " + v.difference;
+    report.tensors.push_back(std::move(v));
+  }
+  report.verified = report.difference.empty();
+  return report;
 }
 
 }  // namespace dtensor

@@ -250,4 +250,23 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   return out;
 }
 
+// Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
+// among its group.
+constexpr bool step_is_even(const Plan& plan, const Step& s) {
+  if (s.kind != StepKind::all_gather && s.kind != StepKind::reduce_scatter &&
+      s.kind != StepKind::all_to_all)
+    return true;
+  const Layout& base = plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  const int k = s.mesh_dim, g = mesh.size(k);
+  const int i = s.kind == StepKind::reduce_scatter ? -1 : s.before[k].dim();
+  const int j = s.kind == StepKind::all_gather ? -1 : s.after[k].dim();
+  for (int r = 0; r < mesh.size(); ++r) {
+    const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
+    if (i >= 0 && base.local_box(s.after, c).shape[i] % g != 0) return false;
+    if (j >= 0 && base.local_box(s.before, c).shape[j] % g != 0) return false;
+  }
+  return true;
+}
+
 }  // namespace dtensor::detail

@@ -34,25 +34,6 @@ struct StepContext {
   bool even = false;
 };
 
-// Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
-// among its group.
-inline bool step_is_even(const Plan& plan, const Step& s) {
-  if (s.kind != StepKind::all_gather && s.kind != StepKind::reduce_scatter &&
-      s.kind != StepKind::all_to_all)
-    return true;
-  const Layout& base = plan.src();
-  const DeviceMesh& mesh = base.mesh();
-  const int k = s.mesh_dim, g = mesh.size(k);
-  const int i = s.kind == StepKind::reduce_scatter ? -1 : s.before[k].dim();
-  const int j = s.kind == StepKind::all_gather ? -1 : s.after[k].dim();
-  for (int r = 0; r < mesh.size(); ++r) {
-    const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
-    if (i >= 0 && base.local_box(s.after, c).shape[i] % g != 0) return false;
-    if (j >= 0 && base.local_box(s.before, c).shape[j] % g != 0) return false;
-  }
-  return true;
-}
-
 inline std::size_t bytes_of(const Box& b, std::size_t elem) {
   return static_cast<std::size_t>(b.numel()) * elem;
 }
@@ -115,9 +96,9 @@ inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64
 
 // Each run_* performs one step on `ops`'s memory and returns the bytes of staging it allocated.
 // `c` and `ops` live in the caller's frame, which outlives the step.
-template <class B, class Ops>
-Task<std::size_t> run_all_gather(Link<B> link, const Ops& ops, const StepContext& c,
-                                 const std::byte* cur, std::byte* out) {
+template <class L, class Ops>
+Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
+                                 std::byte* out) {
   const int k = c.step.mesh_dim, i = c.step.before[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const bool even = c.even;
@@ -164,8 +145,8 @@ Task<std::size_t> run_all_gather(Link<B> link, const Ops& ops, const StepContext
   co_return staging.size();
 }
 
-template <class B, class Ops>
-Task<std::size_t> run_reduce_scatter(Link<B> link, const Ops& ops, const StepContext& c,
+template <class L, class Ops>
+Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& c,
                                      const std::byte* cur, std::byte* out) {
   const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
@@ -223,9 +204,9 @@ Task<std::size_t> run_reduce_scatter(Link<B> link, const Ops& ops, const StepCon
   co_return packed.size() + partials.size();
 }
 
-template <class B, class Ops>
-Task<std::size_t> run_all_to_all(Link<B> link, const Ops& ops, const StepContext& c,
-                                 const std::byte* cur, std::byte* out) {
+template <class L, class Ops>
+Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
+                                 std::byte* out) {
   const int k = c.step.mesh_dim;
   const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
@@ -292,9 +273,9 @@ Task<std::size_t> run_all_to_all(Link<B> link, const Ops& ops, const StepContext
   co_return packed.size() + staging.size();
 }
 
-template <class B, class Ops>
-Task<std::size_t> run_exchange(Link<B> link, const Ops& ops, const StepContext& c,
-                               const std::byte* cur, std::byte* out) {
+template <class L, class Ops>
+Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
+                               std::byte* out) {
   const Layout& base = c.plan.src();
   const DeviceMesh& mesh = base.mesh();
   // Pieces to other ranks packed one after another, pieces from them staged the same way.
@@ -374,9 +355,9 @@ void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, st
 // Every step of `plan` on the rank at `me`: reads its source block from `src`, writes its
 // target block to `dst`, and records in `*scratch_peak` (when given) the most scratch memory it
 // held at once.
-template <class B>
-Task<void> run_plan(const Plan& plan, Link<B> link, MeshCoord me, const std::byte* src,
-                    std::byte* dst, std::int64_t* scratch_peak) {
+template <class L>
+Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src, std::byte* dst,
+                    std::int64_t* scratch_peak) {
   const auto ops = local_ops_of(link.backend);
   const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
   if (plan.empty()) {

@@ -58,6 +58,15 @@ DTENSOR_WHY(avg_needs_float,
 DTENSOR_WHY(layout_policy_mismatch, "the two layouts chunk uneven dims with different policies");
 DTENSOR_WHY(adjoint_nonlinear, "the adjoint needs R, S(d) or P(sum) placements: P({}) has no dual");
 
+DTENSOR_WHY(batch_too_many, "a batch holds at most {} tensors, got {}: use a larger BatchPlan<N>");
+DTENSOR_WHY(batch_mesh_mismatch,
+            "every tensor of a batch lives on one mesh: tensor {} is on {}, tensor 0 on {}");
+DTENSOR_WHY(batch_buffer_count, "the batch has {} tensors but {} buffers were given");
+DTENSOR_WHY(batch_while_async,
+            "a batched execute() runs blocking collectives: wait() for the executions in flight "
+            "on this backend first");
+DTENSOR_WHY(batch_internal, "internal error: tensor {} reached a collective out of its round {}");
+
 DTENSOR_WHY(no_valid_plan, "internal error: the planner found no valid plan");
 
 DTENSOR_WHY(backend_mesh_mismatch, "the backend's mesh {} is not the plan's mesh {}");

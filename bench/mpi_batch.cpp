@@ -1,0 +1,126 @@
+// Many small tensors over MPI: one batched execute() against one execute() per tensor (issue
+// 10's target: the batch at least 5x faster). Run: mpirun -np 8 build/release/bench/bench_mpi_batch
+//
+// The batch: 64 tensors of 4 KiB to 256 KiB per rank (the larger side; and a second sweep of
+// 256 B to 16 KiB, where latency dominates), f32 and bf16, as a
+// training step moves them: FSDP's all-gather of a layer's parameters (S(0) -> R), the
+// gradients' reduce-scatter (P -> S(0)), their all-reduce (P -> R) on 2 x 4, and a mix of all
+// three with resharding (S(0) -> S(1)).
+#include <dtensor/backend/mpi.hpp>
+#include <dtensor/dtensor.hpp>
+#include <dtensor/execute.hpp>
+#include <dtensor/execute_batch.hpp>
+
+#include <fmt/core.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace dtensor;
+
+// Median seconds of `iterations` timed runs of f (after warm-up), the slowest rank's.
+double time_it(const std::function<void()>& f, int iterations) {
+  for (int i = 0; i < 2; ++i) f();
+  std::vector<double> samples;
+  for (int i = 0; i < iterations; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double start = MPI_Wtime();
+    f();
+    double elapsed = MPI_Wtime() - start, slowest = 0;
+    MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    samples.push_back(slowest);
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+struct Pattern {
+  std::string_view name;
+  const char* mesh;
+  std::vector<std::pair<const char*, const char*>> pairs;  // cycled over the tensors
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
+  const std::string mesh_1d = fmt::format("{}", size);
+  const std::string mesh_2d = size % 2 == 0 ? fmt::format("2x{}", size / 2) : mesh_1d;
+  const Pattern patterns[] = {
+      {"all-gather (FSDP params)", mesh_1d.c_str(), {{"S(0)", "R"}}},
+      {"reduce-scatter (grads)", mesh_1d.c_str(), {{"P", "S(0)"}}},
+      {"all-reduce (grads, 2-D)", mesh_2d.c_str(), {{"P,R", "R,R"}}},
+      {"mixed",
+       mesh_2d.c_str(),
+       {{"S(0),R", "R,R"}, {"P,S(0)", "S(0),S(0)"}, {"R,S(0)", "R,S(1)"}}},
+  };
+  constexpr int tensors = 64;
+  if (rank == 0)
+    fmt::print(
+        "# {} ranks, {} tensors per batch (f32 and bf16), median of {} runs; sizes: the larger "
+        "side per rank\n{:<26} {:<16} {:>13} {:>12} {:>12} {:>12} {:>8}\n",
+        size, tensors, iterations, "pattern", "sizes", "collectives", "one by one us", "batched us",
+        "per tensor us", "speedup");
+  for (const std::int64_t smallest : {std::int64_t{4096}, std::int64_t{256}})
+    for (const Pattern& p : patterns) {
+      const DeviceMesh mesh = parse_mesh(p.mesh);
+      MpiBackend backend(mesh);
+      std::vector<Redistribution> batch;
+      for (int t = 0; t < tensors; ++t) {
+        // 4 KiB to 256 KiB per rank on the larger side: rows of 256 f32 (1 KiB) or bf16.
+        const std::int64_t bytes = smallest << (t % 7);  // smallest, twice, ..., 64 times
+        const DType dtype = t % 2 == 0 ? DType::f32 : DType::bf16;
+        const std::int64_t row_bytes = 16 * static_cast<std::int64_t>(size_of(dtype));
+        const std::int64_t rows = std::max<std::int64_t>(bytes / row_bytes / size * size, size);
+        const auto& [from, to] = p.pairs[static_cast<std::size_t>(t) % p.pairs.size()];
+        batch.push_back({Layout(mesh, parse_placements(from), {rows, 16}, dtype),
+                         Layout(mesh, parse_placements(to), {rows, 16}, dtype)});
+      }
+      const auto plan = std::make_unique<BatchPlan<tensors>>(plan_batch<tensors>(batch));
+      std::vector<std::vector<std::byte>> in, out;
+      std::vector<TensorBuffers> buffers;
+      std::int64_t least = 0, most = 0;  // the larger side's bytes per rank
+      for (int t = 0; t < tensors; ++t) {
+        const Plan& one = (*plan)[static_cast<std::size_t>(t)];
+        in.emplace_back(static_cast<std::size_t>(one.src().local_bytes(rank)), std::byte{1});
+        out.emplace_back(static_cast<std::size_t>(one.dst().local_bytes(rank)));
+        const std::int64_t larger =
+            std::max(one.src().max_local_bytes(), one.dst().max_local_bytes());
+        least = t == 0 ? larger : std::min(least, larger);
+        most = std::max(most, larger);
+      }
+      for (int t = 0; t < tensors; ++t) {
+        const auto u = static_cast<std::size_t>(t);
+        buffers.push_back({in[u].data(), in[u].size(), out[u].data(), out[u].size()});
+      }
+      const double one_by_one = time_it(
+          [&] {
+            for (int t = 0; t < tensors; ++t) {
+              const auto u = static_cast<std::size_t>(t);
+              execute((*plan)[u], backend, in[u].data(), in[u].size(), out[u].data(),
+                      out[u].size());
+            }
+          },
+          iterations);
+      const double batched = time_it(
+          [&] { execute(*plan, backend, std::span<const TensorBuffers>(buffers)); }, iterations);
+      if (rank == 0)
+        fmt::print("{:<26} {:<16} {:>5} / {:<5} {:>12.1f} {:>12.1f} {:>12.2f} {:>7.1f}x\n", p.name,
+                   fmt::format("{} B-{} KiB", least, most / 1024), plan->collectives(),
+                   plan->collectives_unbatched(), one_by_one * 1e6, batched * 1e6,
+                   batched * 1e6 / tensors, one_by_one / batched);
+    }
+  MPI_Finalize();
+  return 0;
+}

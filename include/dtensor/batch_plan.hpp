@@ -1,0 +1,316 @@
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "config.hpp"
+#include "cost_model.hpp"
+#include "detail/checked.hpp"
+#include "detail/static_vector.hpp"
+#include "detail/step_cost.hpp"
+#include "detail/why.hpp"
+#include "errors.hpp"
+#include "layout.hpp"
+#include "plan.hpp"
+#include "planner.hpp"
+
+// Batched plans: many tensors of one mesh redistributed together, one collective per round
+// instead of one per tensor and step. Constexpr and allocation-free, like the single plan.
+namespace dtensor {
+
+// One tensor of a batch: its layout before and after.
+struct Redistribution {
+  Layout src;
+  Layout dst;
+};
+
+// How many tensors a BatchPlan holds unless told otherwise (BatchPlan<N>, plan_batch<N>).
+inline constexpr std::size_t default_batch_capacity = 64;
+
+// One round of a batched plan: a single collective that moves the steps of several tensors at
+// once, packed into one buffer per peer. `kind` is the collective (all_gather, reduce_scatter,
+// all_reduce, all_to_all on `mesh_dim`) or `exchange`: one grouped point-to-point round that
+// carries every step moved by messages (exchanges, and uneven gathers, reduce-scatters and
+// all-to-alls with exact sizes). Reductions fuse only steps of one dtype and op.
+struct BatchRound {
+  StepKind kind = StepKind::exchange;
+  int mesh_dim = -1;
+  DType dtype = DType::u8;      // the reduction's dtype (u8 for rounds that only move bytes)
+  ReduceOp op = ReduceOp::sum;  // the reduction's op
+  int tensors = 0;              // how many tensors' steps it moves
+  std::int64_t bytes_recv_max = 0;
+  std::int64_t bytes_send_max = 0;
+  double est_us = 0;  // one latency (the largest of its steps') plus every step's bandwidth term
+  friend constexpr bool operator==(const BatchRound&, const BatchRound&) noexcept = default;
+};
+
+namespace detail {
+
+// The round a step of `plan` joins: its collective and what must match to fuse it.
+constexpr BatchRound round_key(const Plan& plan, const Step& s) {
+  BatchRound key;
+  const bool native = s.kind == StepKind::all_reduce ||
+                      (s.kind != StepKind::exchange && (s.padded || step_is_even(plan, s)));
+  if (!native) return key;  // a point-to-point round
+  key.kind = s.kind;
+  key.mesh_dim = s.mesh_dim;
+  if (s.kind == StepKind::reduce_scatter || s.kind == StepKind::all_reduce) {
+    key.dtype = plan.src().dtype();
+    key.op = s.before[s.mesh_dim].reduce_op();
+  }
+  return key;
+}
+
+constexpr bool same_round(const BatchRound& a, const BatchRound& b) noexcept {
+  return a.kind == b.kind && a.mesh_dim == b.mesh_dim && a.dtype == b.dtype && a.op == b.op;
+}
+
+// Whether the step sends or receives anything (a mesh dim of extent 1 was made an identity).
+constexpr bool communicates(const Step& s) noexcept { return moves_data(s.kind); }
+
+// The cost model with no bandwidth term (latency only) or no latency term (bandwidth only).
+constexpr CostModel latency_only(CostModel m) noexcept {
+  for (LinkCost& l : m.dims) l.bandwidth_gbs = 1e300;
+  return m;
+}
+constexpr CostModel bandwidth_only(CostModel m) noexcept {
+  for (LinkCost& l : m.dims) l.latency_us = 0;
+  return m;
+}
+
+}  // namespace detail
+
+// The plan of a batch of redistributions on one mesh: each tensor's own plan (as
+// plan_redistribute gives it), and the rounds that run them together. Every communicating step
+// of every tensor belongs to one round; the rounds run in order, and the local steps of each
+// tensor run between its rounds. Fixed capacity N tensors, no heap (a BatchPlan<64> is about
+// 300 KiB: keep large ones out of small stacks).
+template <std::size_t N = default_batch_capacity>
+class BatchPlan {
+ public:
+  // The most rounds a batch can need: one per communicating step of every tensor.
+  static constexpr std::size_t max_rounds = N * max_plan_steps;
+
+  [[nodiscard]] constexpr std::size_t size() const noexcept { return plans_.size(); }
+  [[nodiscard]] constexpr bool empty() const noexcept { return plans_.empty(); }
+  // Tensor t's own plan.
+  [[nodiscard]] constexpr const Plan& operator[](std::size_t t) const { return plans_.at(t); }
+  [[nodiscard]] constexpr auto begin() const noexcept { return plans_.begin(); }
+  [[nodiscard]] constexpr auto end() const noexcept { return plans_.end(); }
+  // The rounds, in the order every rank runs them.
+  [[nodiscard]] constexpr std::span<const BatchRound> rounds() const noexcept {
+    return {rounds_.begin(), rounds_.size()};
+  }
+  // The round of step `i` of tensor t's plan, or -1 for a local step.
+  [[nodiscard]] constexpr int round_of(std::size_t t, std::size_t i) const {
+    return round_of_.at(t).at(i);
+  }
+
+  // Collectives (and point-to-point rounds) the batch issues, and the tensors one by one.
+  [[nodiscard]] constexpr int collectives() const noexcept {
+    return static_cast<int>(rounds_.size());
+  }
+  [[nodiscard]] constexpr int collectives_unbatched() const noexcept {
+    int n = 0;
+    for (const Plan& p : plans_) n += p.communication_steps();
+    return n;
+  }
+  // The most bytes a rank receives (sends) over the whole batch.
+  [[nodiscard]] constexpr std::int64_t bytes_recv_max() const noexcept { return bytes_recv_max_; }
+  [[nodiscard]] constexpr std::int64_t bytes_send_max() const noexcept { return bytes_send_max_; }
+  // Estimated time of the rounds, and of the tensors' plans one after another.
+  [[nodiscard]] constexpr double est_us() const noexcept { return est_us_; }
+  [[nodiscard]] constexpr double est_us_unbatched() const noexcept {
+    double us = 0;
+    for (const Plan& p : plans_) us += p.est_us();
+    return us;
+  }
+  // What batching saves by the cost model: the latency terms of the steps it fuses.
+  [[nodiscard]] constexpr double saving_us() const noexcept { return est_us_unbatched() - est_us_; }
+
+  template <std::size_t M>
+  friend constexpr BatchPlan<M> plan_batch(std::span<const Redistribution>, PlanOptions);
+
+ private:
+  detail::static_vector<Plan, N> plans_;
+  detail::static_vector<std::array<std::int16_t, max_plan_steps>, N> round_of_;
+  detail::static_vector<BatchRound, max_rounds> rounds_;
+  std::int64_t bytes_recv_max_ = 0;
+  std::int64_t bytes_send_max_ = 0;
+  double est_us_ = 0;
+
+  constexpr void schedule();
+  constexpr void cost();
+};
+
+// The bytes global rank `rank` sends and receives in round `r` of the batch: the sum of its
+// steps', except that an all-reduce round reduces the packed buffer in one set of pieces.
+template <std::size_t N>
+constexpr RankBytes round_rank_bytes(const BatchPlan<N>& batch, std::size_t r, int rank) {
+  RankBytes total;
+  const BatchRound& round = batch.rounds()[r];
+  std::int64_t reduced = 0, elem = 0;
+  MeshCoord c;
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    const Plan& p = batch[t];
+    c = p.src().mesh().coordinate(rank);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (batch.round_of(t, i) != static_cast<int>(r)) continue;
+      if (round.kind == StepKind::all_reduce) {
+        reduced += p.src().local_box(p[i].before, c).numel();
+        elem = p.src().elem_bytes();
+        continue;
+      }
+      const RankBytes b = step_rank_bytes(p, i, rank);
+      total.send = detail::bytes_add(total.send, b.send);
+      total.recv = detail::bytes_add(total.recv, b.recv);
+    }
+  }
+  if (round.kind == StepKind::all_reduce && reduced > 0) {
+    const int g = batch[0].src().mesh().size(round.mesh_dim);
+    const std::int64_t piece =
+        chunk_range(reduced, g, c[round.mesh_dim], ChunkPolicy::balanced).size;
+    total.recv = total.send = detail::bytes_mul(
+        detail::bytes_add(detail::bytes_mul(g - 1, piece), reduced - piece), elem);
+  }
+  return total;
+}
+
+// The bytes global rank `rank` sends and receives over the whole batch.
+template <std::size_t N>
+constexpr RankBytes batch_rank_bytes(const BatchPlan<N>& batch, int rank) {
+  RankBytes total;
+  for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
+    const RankBytes b = round_rank_bytes(batch, r, rank);
+    total.send = detail::bytes_add(total.send, b.send);
+    total.recv = detail::bytes_add(total.recv, b.recv);
+  }
+  return total;
+}
+
+// Rounds, greedily: the next round is the next step of the tensor with the most communicating
+// steps left (ties: the step most tensors wait at), and every tensor waiting at a step of the
+// same collective joins it. When every tensor's sequence of collectives is a subsequence of
+// the longest one (tensors with the same pair of placements, or a subset of its steps), the
+// batch issues exactly as many collectives as that longest plan.
+template <std::size_t N>
+constexpr void BatchPlan<N>::schedule() {
+  const std::size_t n = plans_.size();
+  std::array<std::size_t, N> at{};  // the next step of each tensor
+  auto next_comm = [&](std::size_t t) {
+    const Plan& p = plans_[t];
+    while (at[t] < p.size() && !detail::communicates(p[at[t]])) ++at[t];
+    return at[t] < p.size();
+  };
+  auto left = [&](std::size_t t) {
+    int k = 0;
+    for (std::size_t i = at[t]; i < plans_[t].size(); ++i)
+      k += detail::communicates(plans_[t][i]) ? 1 : 0;
+    return k;
+  };
+  for (std::size_t t = 0; t < n; ++t) {
+    round_of_.push_back({});
+    round_of_[t].fill(-1);
+  }
+  while (true) {
+    std::size_t lead = n;
+    int lead_left = 0, lead_joined = 0;
+    for (std::size_t t = 0; t < n; ++t) {
+      if (!next_comm(t)) continue;
+      const int l = left(t);
+      if (l < lead_left) continue;
+      const BatchRound key = detail::round_key(plans_[t], plans_[t][at[t]]);
+      int joined = 0;
+      for (std::size_t u = 0; u < n; ++u)
+        if (next_comm(u) && detail::same_round(key, detail::round_key(plans_[u], plans_[u][at[u]])))
+          ++joined;
+      if (l > lead_left || joined > lead_joined) lead = t, lead_left = l, lead_joined = joined;
+    }
+    if (lead == n) return;
+    BatchRound round = detail::round_key(plans_[lead], plans_[lead][at[lead]]);
+    const auto index = static_cast<std::int16_t>(rounds_.size());
+    for (std::size_t t = 0; t < n; ++t) {
+      if (!next_comm(t) ||
+          !detail::same_round(round, detail::round_key(plans_[t], plans_[t][at[t]])))
+        continue;
+      round_of_[t][at[t]] = index;
+      ++at[t];
+      ++round.tensors;
+    }
+    rounds_.push_back(round);
+  }
+}
+
+// Each round's bytes and time (one latency, the largest of its steps', plus every step's
+// bandwidth term, on the busiest rank), and the batch's totals.
+template <std::size_t N>
+constexpr void BatchPlan<N>::cost() {
+  bytes_recv_max_ = bytes_send_max_ = 0;
+  est_us_ = 0;
+  if (plans_.empty()) return;
+  const DeviceMesh& mesh = plans_[0].src().mesh();
+  for (std::size_t r = 0; r < rounds_.size(); ++r) {
+    BatchRound& round = rounds_[r];
+    for (int i = 0; i < mesh.size(); ++i) {
+      const int rank = mesh.rank_at(i);
+      const MeshCoord c = mesh.coordinate(rank);
+      const RankBytes b = round_rank_bytes(*this, r, rank);
+      round.bytes_recv_max = detail::max_of(round.bytes_recv_max, b.recv);
+      round.bytes_send_max = detail::max_of(round.bytes_send_max, b.send);
+      double latency = 0, bandwidth = 0;
+      for (std::size_t t = 0; t < plans_.size(); ++t) {
+        const Plan& p = plans_[t];
+        const CostModel lat = detail::latency_only(p.cost_model());
+        const CostModel bw = detail::bandwidth_only(p.cost_model());
+        for (std::size_t s = 0; s < p.size(); ++s) {
+          if (round_of_[t][s] != static_cast<int>(r)) continue;
+          const Step& st = p[s];
+          const double l = detail::rank_step_cost(p.src(), st.before, st.after, st.kind,
+                                                  st.mesh_dim, st.padded, c, lat)
+                               .us;
+          latency = l > latency ? l : latency;
+          bandwidth += detail::rank_step_cost(p.src(), st.before, st.after, st.kind, st.mesh_dim,
+                                              st.padded, c, bw)
+                           .us;
+        }
+      }
+      const double us = latency + bandwidth;
+      round.est_us = us > round.est_us ? us : round.est_us;
+    }
+    est_us_ += round.est_us;
+  }
+  for (int i = 0; i < mesh.size(); ++i) {
+    const RankBytes b = batch_rank_bytes(*this, mesh.rank_at(i));
+    bytes_recv_max_ = detail::max_of(bytes_recv_max_, b.recv);
+    bytes_send_max_ = detail::max_of(bytes_send_max_, b.send);
+  }
+}
+
+// The batched plan of `batch` (at most N tensors, all on one mesh; shapes, dtypes and
+// placements may differ): each tensor planned by plan_redistribute with `options`, then its
+// steps grouped into rounds.
+template <std::size_t N = default_batch_capacity>
+constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOptions options = {}) {
+  if (batch.size() > N) detail::fail<detail::why::batch_too_many>(N, batch.size());
+  BatchPlan<N> out;
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    if (!(batch[t].src.mesh() == batch[0].src.mesh()))
+      detail::fail<detail::why::batch_mesh_mismatch>(t, batch[t].src.mesh().shape(),
+                                                     batch[0].src.mesh().shape());
+    out.plans_.push_back(plan_redistribute(batch[t].src, batch[t].dst, options));
+  }
+  out.schedule();
+  out.cost();
+  return out;
+}
+
+// plan_redistribute over a list of (source, target) pairs: the batched plan (plan_batch).
+template <std::size_t N = default_batch_capacity>
+constexpr BatchPlan<N> plan_redistribute(std::span<const Redistribution> batch,
+                                         PlanOptions options = {}) {
+  return plan_batch<N>(batch, options);
+}
+
+}  // namespace dtensor

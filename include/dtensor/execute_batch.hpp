@@ -1,0 +1,323 @@
+#pragma once
+
+#include <algorithm>
+#include <coroutine>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "backend.hpp"
+#include "batch_plan.hpp"
+#include "detail/in_flight.hpp"
+#include "detail/step_runners.hpp"
+#include "detail/task.hpp"
+#include "detail/why.hpp"
+#include "errors.hpp"
+#include "execute.hpp"
+
+// Running a batched plan: every tensor's steps run as in execute(), and each round's
+// collectives go to the backend as one call on buffers packed tensor after tensor.
+namespace dtensor {
+
+// One tensor's buffers in a batched execute(): as execute()'s arguments.
+struct TensorBuffers {
+  const void* src = nullptr;
+  std::size_t src_bytes = 0;
+  void* dst = nullptr;
+  std::size_t dst_bytes = 0;
+};
+
+namespace detail {
+
+// An operation one tensor's steps wait at until its round runs.
+struct ParkedOp {
+  enum class Kind { all_gather, reduce_scatter, all_reduce, all_to_all, exchange };
+  Kind kind = Kind::exchange;
+  int mesh_dim = -1;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t n = 0;  // bytes (all-gather: per member; all-to-all: per member) or elements
+  DType dtype = DType::u8;
+  ReduceOp op = ReduceOp::sum;
+  std::span<const SendMessage> sends;
+  std::span<const RecvMessage> recvs;
+  std::coroutine_handle<> step;
+  bool parked = false;
+};
+
+// The awaitable of a parked operation: records it and suspends the tensor's steps.
+struct Parking {
+  ParkedOp* slot = nullptr;
+  ParkedOp op;
+  [[nodiscard]] bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) const {
+    *slot = op;
+    slot->step = h;
+    slot->parked = true;
+  }
+  void await_resume() const noexcept {}
+};
+
+// The link of one tensor of a batch: its operations park in `slot` for the batch's driver.
+template <class B>
+struct BatchLink {
+  B& backend;
+  ParkedOp* slot;
+
+  [[nodiscard]] Parking all_gather(int k, const void* send, void* recv, std::size_t bytes) const {
+    return park(ParkedOp::Kind::all_gather, k, send, recv, bytes);
+  }
+  [[nodiscard]] Parking reduce_scatter(int k, const void* send, void* recv, std::size_t count,
+                                       DType dtype, ReduceOp op) const {
+    return park(ParkedOp::Kind::reduce_scatter, k, send, recv, count, dtype, op);
+  }
+  [[nodiscard]] Parking all_reduce(int k, const void* send, void* recv, std::size_t count,
+                                   DType dtype, ReduceOp op) const {
+    return park(ParkedOp::Kind::all_reduce, k, send, recv, count, dtype, op);
+  }
+  [[nodiscard]] Parking all_to_all(int k, const void* send, void* recv, std::size_t bytes) const {
+    return park(ParkedOp::Kind::all_to_all, k, send, recv, bytes);
+  }
+  [[nodiscard]] Parking exchange(std::span<const SendMessage> sends,
+                                 std::span<const RecvMessage> recvs) const {
+    ParkedOp op;
+    op.sends = sends;
+    op.recvs = recvs;
+    return {slot, op};
+  }
+
+ private:
+  [[nodiscard]] Parking park(ParkedOp::Kind kind, int k, const void* send, void* recv,
+                             std::size_t n, DType dtype = DType::u8,
+                             ReduceOp op = ReduceOp::sum) const {
+    ParkedOp p;
+    p.kind = kind;
+    p.mesh_dim = k;
+    p.send = send;
+    p.recv = recv;
+    p.n = n;
+    p.dtype = dtype;
+    p.op = op;
+    return {slot, p};
+  }
+};
+
+// The packing buffers of a batched run, reused from round to round: each grows to the largest
+// round's need.
+template <class B>
+struct PackingBuffers {
+  using Buffer = std::remove_cvref_t<decltype(local_ops_of(std::declval<B&>()).allocate(0))>;
+  Buffer send, recv;
+  // `b`, grown to at least `bytes`.
+  static std::byte* at_least(B& backend, Buffer& b, std::size_t bytes) {
+    if (b.size() < bytes) b = local_ops_of(backend).allocate(bytes);
+    return b.data();
+  }
+  [[nodiscard]] std::size_t size() const { return send.size() + recv.size(); }
+};
+
+// Runs the parked operations `ops` of one round as one backend call, packing in `buffers`.
+template <class B>
+void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers) {
+  const auto local = local_ops_of(backend);
+  using Packing = PackingBuffers<B>;
+  const ParkedOp& first = *ops.front();
+  using Kind = ParkedOp::Kind;
+  if (ops.size() == 1) {  // nothing to pack
+    const ParkedOp& o = first;
+    switch (o.kind) {
+      case Kind::all_gather: backend.all_gather(o.mesh_dim, o.send, o.recv, o.n); break;
+      case Kind::reduce_scatter:
+        backend.reduce_scatter(o.mesh_dim, o.send, o.recv, o.n, o.dtype, o.op);
+        break;
+      case Kind::all_reduce:
+        backend.all_reduce(o.mesh_dim, o.send, o.recv, o.n, o.dtype, o.op);
+        break;
+      case Kind::all_to_all: backend.all_to_all(o.mesh_dim, o.send, o.recv, o.n); break;
+      case Kind::exchange: backend.exchange(o.sends, o.recvs); break;
+    }
+    return;
+  }
+  auto at = [](const void* p, std::size_t off) { return static_cast<const std::byte*>(p) + off; };
+  auto at_mut = [](void* p, std::size_t off) { return static_cast<std::byte*>(p) + off; };
+  if (first.kind == Kind::exchange) {
+    // One message per peer and direction: each tensor's messages to (from) that peer, in tensor
+    // order and, within a tensor, in its own order; sender and receiver agree on both.
+    std::vector<int> to, from;
+    std::vector<std::size_t> to_bytes, from_bytes;
+    auto slot = [](std::vector<int>& peers, std::vector<std::size_t>& bytes, int peer) {
+      const auto it = std::find(peers.begin(), peers.end(), peer);
+      if (it != peers.end()) return static_cast<std::size_t>(it - peers.begin());
+      peers.push_back(peer);
+      bytes.push_back(0);
+      return peers.size() - 1;
+    };
+    for (const ParkedOp* o : ops) {
+      for (const SendMessage& m : o->sends) to_bytes[slot(to, to_bytes, m.peer)] += m.bytes;
+      for (const RecvMessage& m : o->recvs) from_bytes[slot(from, from_bytes, m.peer)] += m.bytes;
+    }
+    std::size_t send_total = 0, recv_total = 0;
+    std::vector<std::size_t> to_at(to.size()), from_at(from.size());
+    for (std::size_t i = 0; i < to.size(); ++i)
+      to_at[i] = std::exchange(send_total, send_total + to_bytes[i]);
+    for (std::size_t i = 0; i < from.size(); ++i)
+      from_at[i] = std::exchange(recv_total, recv_total + from_bytes[i]);
+    std::byte* packed = Packing::at_least(backend, buffers.send, send_total);
+    std::byte* staged = Packing::at_least(backend, buffers.recv, recv_total);
+    std::vector<std::size_t> fill = to_at;
+    for (const ParkedOp* o : ops)
+      for (const SendMessage& m : o->sends) {
+        const std::size_t i = slot(to, to_bytes, m.peer);
+        if (m.bytes) local.copy(packed + fill[i], m.data, m.bytes);
+        fill[i] += m.bytes;
+      }
+    std::vector<SendMessage> sends;
+    std::vector<RecvMessage> recvs;
+    for (std::size_t i = 0; i < to.size(); ++i)
+      if (to_bytes[i]) sends.push_back({to[i], packed + to_at[i], to_bytes[i]});
+    for (std::size_t i = 0; i < from.size(); ++i)
+      if (from_bytes[i]) recvs.push_back({from[i], staged + from_at[i], from_bytes[i]});
+    backend.exchange(sends, recvs);
+    fill = from_at;
+    for (const ParkedOp* o : ops)
+      for (const RecvMessage& m : o->recvs) {
+        const std::size_t i = slot(from, from_bytes, m.peer);
+        if (m.bytes) local.copy(m.data, staged + fill[i], m.bytes);
+        fill[i] += m.bytes;
+      }
+    return;
+  }
+  const int k = first.mesh_dim;
+  const auto g = static_cast<std::size_t>(backend.mesh().size(k));
+  // Per member bytes of each tensor and their offsets in the packed member block.
+  const std::size_t elem = first.kind == Kind::reduce_scatter || first.kind == Kind::all_reduce
+                               ? size_of(first.dtype)
+                               : 1;
+  std::vector<std::size_t> off(ops.size());
+  std::size_t total = 0;
+  for (std::size_t t = 0; t < ops.size(); ++t)
+    off[t] = std::exchange(total, total + ops[t]->n * elem);
+  auto piece = [&](std::size_t t) { return ops[t]->n * elem; };
+  switch (first.kind) {
+    case Kind::all_gather: {
+      std::byte* send = Packing::at_least(backend, buffers.send, total);
+      std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
+      for (std::size_t t = 0; t < ops.size(); ++t)
+        if (piece(t)) local.copy(send + off[t], ops[t]->send, piece(t));
+      backend.all_gather(k, send, recv, total);
+      for (std::size_t j = 0; j < g; ++j)
+        for (std::size_t t = 0; t < ops.size(); ++t)
+          if (piece(t))
+            local.copy(at_mut(ops[t]->recv, j * piece(t)), recv + j * total + off[t], piece(t));
+      return;
+    }
+    case Kind::all_to_all:
+    case Kind::reduce_scatter: {
+      // One block per member, each tensor's piece for that member side by side.
+      std::byte* send = Packing::at_least(backend, buffers.send, g * total);
+      std::byte* recv = Packing::at_least(backend, buffers.recv,
+                                          first.kind == Kind::all_to_all ? g * total : total);
+      for (std::size_t j = 0; j < g; ++j)
+        for (std::size_t t = 0; t < ops.size(); ++t)
+          if (piece(t))
+            local.copy(send + j * total + off[t], at(ops[t]->send, j * piece(t)), piece(t));
+      if (first.kind == Kind::all_to_all) {
+        backend.all_to_all(k, send, recv, total);
+        for (std::size_t j = 0; j < g; ++j)
+          for (std::size_t t = 0; t < ops.size(); ++t)
+            if (piece(t))
+              local.copy(at_mut(ops[t]->recv, j * piece(t)), recv + j * total + off[t], piece(t));
+      } else {
+        backend.reduce_scatter(k, send, recv, total / elem, first.dtype, first.op);
+        for (std::size_t t = 0; t < ops.size(); ++t)
+          if (piece(t)) local.copy(ops[t]->recv, recv + off[t], piece(t));
+      }
+      return;
+    }
+    case Kind::all_reduce: {
+      std::byte* send = Packing::at_least(backend, buffers.send, total);
+      std::byte* recv = Packing::at_least(backend, buffers.recv, total);
+      for (std::size_t t = 0; t < ops.size(); ++t)
+        if (piece(t)) local.copy(send + off[t], ops[t]->send, piece(t));
+      backend.all_reduce(k, send, recv, total / elem, first.dtype, first.op);
+      for (std::size_t t = 0; t < ops.size(); ++t)
+        if (piece(t)) local.copy(ops[t]->recv, recv + off[t], piece(t));
+      return;
+    }
+    case Kind::exchange: break;
+  }
+}
+
+}  // namespace detail
+
+// Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as
+// execute() takes them for batch[t]. Each round is one backend call on packed buffers, so the
+// batch pays one collective's latency per round instead of one per tensor and step. Blocking:
+// every execution in flight on the backend must have started its operations (wait() for
+// them). `stats` (when given) gets the scratch held at once by all the tensors' steps and the
+// packing of the largest round together, an upper bound of the peak.
+template <Backend B, std::size_t N>
+void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffers> buffers,
+             ExecuteStats* stats = nullptr) {
+  std::vector<MeshCoord> me;
+  detail::aborting_on_error(backend, [&] {
+    if (buffers.size() != batch.size())
+      detail::fail<detail::why::batch_buffer_count>(batch.size(), buffers.size());
+    if constexpr (AsyncBackend<B>)
+      if (!detail::all_started()) detail::fail<detail::why::batch_while_async>();
+    for (std::size_t t = 0; t < batch.size(); ++t)
+      me.push_back(
+          detail::check_run(batch[t], backend, buffers[t].src_bytes, buffers[t].dst_bytes));
+  });
+  const std::size_t n = batch.size();
+  std::vector<detail::ParkedOp> slots(n);
+  std::vector<std::int64_t> peaks(n, 0);
+  std::vector<detail::Task<void>> tasks;
+  tasks.reserve(n);
+  detail::PackingBuffers<B> packing;
+  detail::aborting_on_error(backend, [&] {
+    for (std::size_t t = 0; t < n; ++t) {
+      tasks.push_back(detail::run_plan(batch[t], detail::BatchLink<B>{backend, &slots[t]}, me[t],
+                                       static_cast<const std::byte*>(buffers[t].src),
+                                       static_cast<std::byte*>(buffers[t].dst), &peaks[t]));
+      tasks.back().handle().resume();  // its local steps, up to its first round
+      if (tasks.back().done()) tasks.back().result();
+    }
+    std::vector<std::size_t> next(n, 0);  // each tensor's next step
+    std::vector<detail::ParkedOp*> round;
+    for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
+      round.clear();
+      for (std::size_t t = 0; t < n; ++t) {
+        const Plan& p = batch[t];
+        while (next[t] < p.size() && batch.round_of(t, next[t]) < 0) ++next[t];
+        if (next[t] == p.size() || batch.round_of(t, next[t]) != static_cast<int>(r)) continue;
+        if (!slots[t].parked) detail::fail<detail::why::batch_internal>(t, r);
+        round.push_back(&slots[t]);
+        ++next[t];
+      }
+      if (round.empty()) detail::fail<detail::why::batch_internal>(n, r);
+      detail::run_round(backend, round, packing);
+      for (detail::ParkedOp* op : round) {
+        op->parked = false;
+        const auto t = static_cast<std::size_t>(op - slots.data());
+        op->step.resume();  // its local steps, up to its next round or its end
+        if (tasks[t].done()) tasks[t].result();
+      }
+    }
+    for (std::size_t t = 0; t < n; ++t) {
+      if (!tasks[t].done()) detail::fail<detail::why::batch_internal>(t, batch.rounds().size());
+      tasks[t].result();
+    }
+  });
+  if (stats != nullptr) {
+    auto held = static_cast<std::int64_t>(packing.size());
+    for (std::int64_t p : peaks) held += p;
+    stats->scratch_peak_bytes = held;
+  }
+}
+
+}  // namespace dtensor

@@ -1,0 +1,185 @@
+#include <catch2/catch.hpp>
+
+#include <dtensor/dtensor.hpp>
+#include <dtensor/verify.hpp>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+using namespace dtensor;
+
+namespace {
+
+Redistribution pair(const DeviceMesh& mesh, const char* from, const char* to, const Shape& shape,
+                    DType dtype = DType::f32) {
+  return {Layout(mesh, parse_placements(from), shape, dtype),
+          Layout(mesh, parse_placements(to), shape, dtype)};
+}
+
+// Collectives the simulated backend counts for the tensor alone.
+std::int64_t alone(const Redistribution& r) {
+  const std::vector<Redistribution> one{r};
+  const BatchVerification v = verify_batch_on_simulator(plan_batch<1>(one));
+  REQUIRE(v.verified);
+  return v.collectives;
+}
+
+// A random tensor of a batch on `mesh`: shape of 1 to 3 dims (even, uneven, with empty
+// shards), dtype, and placements from R, S(d), P(sum), P(max).
+Redistribution random_tensor(std::mt19937& rng, const DeviceMesh& mesh) {
+  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
+  const int ndim = 1 + pick(3);
+  Shape shape;
+  for (int d = 0; d < ndim; ++d)
+    shape.push_back(std::array<std::int64_t, 6>{1, 3, 4, 7, 8, 16}[pick(6)]);
+  const DType dtypes[] = {DType::f32, DType::i64, DType::bf16, DType::f16, DType::i32};
+  const DType dtype = dtypes[pick(5)];
+  auto placements = [&] {
+    Placements ps;
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      const int c = pick(4);
+      ps.push_back(c == 0   ? Placement::replicate()
+                   : c == 1 ? Placement::shard(pick(ndim))
+                   : c == 2 ? Placement::partial(ReduceOp::sum)
+                            : (pick(2) == 0 ? Placement::shard(pick(ndim))
+                                            : Placement::partial(ReduceOp::max)));
+    }
+    return ps;
+  };
+  return {Layout(mesh, placements(), shape, dtype), Layout(mesh, placements(), shape, dtype)};
+}
+
+}  // namespace
+
+TEST_CASE("a batch of one tensor is its plan", "[batch]") {
+  const DeviceMesh m({2, 4});
+  const std::vector<Redistribution> one{pair(m, "S(0),P", "R,S(1)", {8, 16})};
+  const BatchPlan<4> b = plan_batch<4>(one);
+  REQUIRE(b.size() == 1);
+  CHECK(b[0] == plan_redistribute(one[0].src, one[0].dst));
+  CHECK(b.collectives() == b[0].communication_steps());
+  CHECK(b.bytes_recv_max() == b[0].bytes_recv_max());
+  CHECK(b.est_us() == Approx(b[0].est_us()));
+  CHECK(b.saving_us() == Approx(0).margin(1e-9));
+}
+
+TEST_CASE("FSDP: a layer's parameters gathered in one collective per step", "[batch]") {
+  // Seed 001: every parameter of a layer sharded on dim 0 over 8 ranks, all-gathered at once.
+  const DeviceMesh m({8});
+  std::vector<Redistribution> params;
+  const Shape shapes[] = {{1024, 256}, {256}, {256, 1024}, {1024}, {7, 5}, {3}, {64, 64}};
+  const DType dtypes[] = {DType::bf16, DType::f32, DType::bf16, DType::f32,
+                          DType::f16,  DType::i64, DType::bf16};
+  for (std::size_t i = 0; i < std::size(shapes); ++i)
+    params.push_back(pair(m, "S(0)", "R", shapes[i], dtypes[i]));
+  const BatchPlan<16> b = plan_batch<16>(params);
+  // The even ones share one all-gather; the uneven ones ({7, 5}, {3}) one point-to-point round.
+  CHECK(b.collectives() == 2);
+  CHECK(b.collectives_unbatched() == 7);
+  CHECK(b.saving_us() > 0);
+  CHECK(b.est_us() < b.est_us_unbatched());
+  const BatchVerification v = verify_batch_on_simulator(b);
+  INFO(v.difference);
+  CHECK(v.verified);
+  CHECK(v.collectives == 2);
+  std::int64_t unbatched = 0;
+  for (const Redistribution& r : params) unbatched += alone(r);
+  CHECK(unbatched == 7);
+
+  // Padded (and without exchanges), the uneven ones join the all-gather.
+  const BatchPlan<16> padded =
+      plan_batch<16>(params, {.padding = Padding::always, .allow_exchange = false});
+  CHECK(padded.collectives() == 1);
+  const BatchVerification vp = verify_batch_on_simulator(padded);
+  INFO(vp.difference);
+  CHECK(vp.verified);
+  CHECK(vp.collectives == 1);
+}
+
+TEST_CASE("gradients reduced together: one all-reduce per dtype", "[batch]") {
+  const DeviceMesh m({2, 2});
+  std::vector<Redistribution> grads;
+  for (int i = 0; i < 6; ++i)
+    grads.push_back(pair(m, "P,R", "R,R", {4 + 4 * i, 8}, i % 2 == 0 ? DType::f32 : DType::bf16));
+  const BatchPlan<8> b = plan_batch<8>(grads);
+  CHECK(b.collectives() == 2);  // reductions fuse per dtype
+  for (const BatchRound& r : b.rounds()) {
+    CHECK(r.kind == StepKind::all_reduce);
+    CHECK(r.tensors == 3);
+  }
+  const BatchVerification v = verify_batch_on_simulator(b);
+  INFO(v.difference);
+  CHECK(v.verified);
+  CHECK(v.collectives == 2 * 2);  // two groups of mesh dim 0 each
+}
+
+TEST_CASE("aligned plans: no more collectives than the longest one", "[batch]") {
+  // Tensors whose collectives are a subsequence of the longest plan's.
+  const DeviceMesh m({2, 4});
+  const std::vector<Redistribution> batch{
+      pair(m, "S(0),S(1)", "R,R", {8, 16}),            // all-gathers on mesh dims 1 and 0
+      pair(m, "S(0),R", "R,R", {16, 4}, DType::bf16),  // all-gather on mesh dim 0
+      pair(m, "R,S(1)", "R,R", {4, 8}, DType::i64),    // all-gather on mesh dim 1
+      pair(m, "S(1),S(0)", "R,R", {32, 8}),            // all-gathers on mesh dims 1 and 0
+      pair(m, "R,R", "R,R", {3, 3}),                   // nothing
+  };
+  const BatchPlan<8> b = plan_batch<8>(batch);
+  int longest = 0;
+  for (const Plan& p : b) longest = std::max(longest, p.communication_steps());
+  CHECK(b.collectives() == longest);
+  const BatchVerification v = verify_batch_on_simulator(b);
+  INFO(v.difference);
+  CHECK(v.verified);
+  std::int64_t most = 0;
+  for (const Redistribution& r : batch) most = std::max(most, alone(r));
+  CHECK(v.collectives <= most);
+}
+
+TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every rank",
+          "[batch][oracle]") {
+  std::mt19937 rng(20261123);
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  int cases = 0;
+  std::int64_t batched = 0, one_by_one = 0;
+  for (const DeviceMesh& mesh : meshes)
+    for (int size : {1, 2, 5, 16}) {
+      for (int repeat = 0; repeat < 3; ++repeat) {
+        std::vector<Redistribution> batch;
+        for (int t = 0; t < size; ++t) batch.push_back(random_tensor(rng, mesh));
+        const BatchPlan<16> b = plan_batch<16>(batch);
+        const BatchVerification v = verify_batch_on_simulator(b);
+        INFO(fmt::format("mesh {} batch of {}: {}", mesh.shape(), size, v.difference));
+        REQUIRE(v.verified);
+        std::int64_t singles = 0;
+        for (const Redistribution& r : batch) singles += alone(r);
+        CHECK(v.collectives <= singles);
+        CHECK(b.collectives() <= b.collectives_unbatched());
+        CHECK(b.est_us() <= b.est_us_unbatched() + 1e-9);
+        batched += v.collectives;
+        one_by_one += singles;
+        ++cases;
+      }
+    }
+  WARN(fmt::format("random batches: {} cases, {} collectives batched against {} one by one", cases,
+                   batched, one_by_one));
+}
+
+TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
+  const std::vector<Redistribution> mixed{pair(DeviceMesh({4}), "S(0)", "R", {8}),
+                                          pair(DeviceMesh({2, 2}), "S(0),R", "R,R", {8})};
+  CHECK_THROWS_WITH(plan_batch<4>(mixed), Catch::Contains("tensor 1 is on 2x2"));
+  const std::vector<Redistribution> three(3, pair(DeviceMesh({4}), "S(0)", "R", {8}));
+  CHECK_THROWS_WITH(plan_batch<2>(three), Catch::Contains("at most 2 tensors, got 3"));
+  const BatchPlan<4> b = plan_batch<4>(three);
+  SimulatedWorld world(DeviceMesh({4}));
+  CHECK_THROWS_WITH(world.run([&](SimulatedBackend& backend) {
+    std::vector<float> src(2), dst(8);
+    const std::vector<TensorBuffers> two(2, {src.data(), 8, dst.data(), 32});
+    execute(b, backend, std::span<const TensorBuffers>(two));
+  }),
+                    Catch::Contains("3 tensors but 2 buffers"));
+}

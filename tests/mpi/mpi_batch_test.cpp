@@ -1,0 +1,119 @@
+// Batched plans on the MPI backend under mpirun -np 8: batches of mixed tensors (shapes, dtypes,
+// placements, uneven and empty shards), every rank's result compared with its block of the
+// global view.
+#include <dtensor/backend/mpi.hpp>
+#include <dtensor/dtensor.hpp>
+#include <dtensor/execute_batch.hpp>
+#include <dtensor/verify.hpp>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "agreement.hpp"
+
+namespace {
+
+using namespace dtensor;
+
+// A random tensor on `mesh` whose target has no Partial (so each rank can check its own block).
+Redistribution random_tensor(std::mt19937& rng, const DeviceMesh& mesh) {
+  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
+  const int ndim = 1 + pick(2);
+  Shape shape;
+  for (int d = 0; d < ndim; ++d)
+    shape.push_back(
+        std::array<std::int64_t, 6>{1, 3, 7, 8, 16, 64}[static_cast<std::size_t>(pick(6))]);
+  const DType dtypes[] = {DType::f32, DType::i64, DType::bf16, DType::i32};
+  const DType dtype = dtypes[pick(4)];
+  auto placements = [&](bool partial) {
+    Placements ps;
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      const int c = pick(partial ? 4 : 3);
+      ps.push_back(c == 0   ? Placement::replicate()
+                   : c == 3 ? Placement::partial(pick(2) == 0 ? ReduceOp::sum : ReduceOp::max)
+                            : Placement::shard(pick(ndim)));
+    }
+    return ps;
+  };
+  return {Layout(mesh, placements(true), shape, dtype),
+          Layout(mesh, placements(false), shape, dtype)};
+}
+
+// What differs between this rank's results and its blocks of the global view ("" if nothing).
+std::string check(const BatchPlan<16>& batch, const std::vector<std::vector<std::byte>>& out,
+                  int rank) {
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    const Layout& dst = batch[t].dst();
+    std::string problem;
+    detail::visit_dtype(dst.dtype(), [&]<class T>() {
+      const std::vector<T> want = global_view_block<T>(dst, rank);
+      const double tolerance = dst.dtype() == DType::bf16 ? 1e-2
+                               : is_floating(dst.dtype()) ? 1e-6
+                                                          : 0;
+      const auto* got = reinterpret_cast<const T*>(out[t].data());
+      for (std::size_t e = 0; e < want.size() && problem.empty(); ++e) {
+        const double a = double(detail::widen(got[e])), b = double(detail::widen(want[e]));
+        if (std::abs(a - b) > tolerance * std::max(1.0, std::abs(b)))
+          problem = fmt::format("tensor {} ({} -> {}, {} {}) element {}: {} instead of {}", t,
+                                batch[t].src().placements(), dst.placements(), dst.global_shape(),
+                                dst.dtype(), e, a, b);
+      }
+    });
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int world_rank = 0, world_size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  testing::Agreement verdicts(world_rank);
+  std::mt19937 rng(7);  // the same batches on every rank
+  for (const char* spelling : {"8", "2x4", "2x2x2"}) {
+    const DeviceMesh mesh = parse_mesh(spelling);
+    if (mesh.size() != world_size) continue;
+    MpiBackend backend(mesh);
+    for (int size : {1, 3, 16}) {
+      std::vector<Redistribution> tensors;
+      for (int t = 0; t < size; ++t) tensors.push_back(random_tensor(rng, mesh));
+      const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors));
+      std::vector<std::vector<std::byte>> in, out;
+      std::vector<TensorBuffers> buffers;
+      for (std::size_t t = 0; t < batch->size(); ++t) {
+        const Layout& src = (*batch)[t].src();
+        detail::visit_dtype(src.dtype(), [&]<class T>() {
+          const std::vector<T> block = global_view_block<T>(src, world_rank);
+          in.emplace_back(reinterpret_cast<const std::byte*>(block.data()),
+                          reinterpret_cast<const std::byte*>(block.data() + block.size()));
+        });
+        out.emplace_back(static_cast<std::size_t>((*batch)[t].dst().local_bytes(world_rank)));
+      }
+      for (std::size_t t = 0; t < batch->size(); ++t)
+        buffers.push_back({in[t].data(), in[t].size(), out[t].data(), out[t].size()});
+      std::string problem;
+      try {
+        execute(*batch, backend, std::span<const TensorBuffers>(buffers));
+        problem = check(*batch, out, world_rank);
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+      verdicts.agree(
+          fmt::format("mesh {}, batch of {} ({} rounds)", spelling, size, batch->collectives()),
+          problem.empty(), problem);
+    }
+  }
+  if (world_rank == 0)
+    fmt::print("mpi_batch: {} passed, {} failed\n", verdicts.passed(), verdicts.failed());
+  MPI_Finalize();
+  return verdicts.failed() == 0 ? 0 : 1;
+}
