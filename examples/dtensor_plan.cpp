@@ -43,7 +43,14 @@ sharding picture of both layouts. Without --to, explains the one layout.
                          tensor holding its own linear index, check every rank's result
                          against the target, and print verified (exit 1 when not)
   --dump DIR             with --execute: write DIR/rank<R>.src.npy and rank<R>.dst.npy
-  --json                 print the plan as JSON
+  --relabel              instead of a plan, the relabelling of ranks (which rank takes which
+                         target block) that receives the fewest bytes, with the bytes received
+                         before and after, per rank and in all; no Partial placements
+  --to-mesh 4x2          with --relabel: the target's mesh (default: --mesh), with as many
+                         ranks
+  --relabel-method auto  with --relabel: auto (exact up to 512 ranks, else greedy), exact or
+                         greedy
+  --json                 print the plan (or the relabelling) as JSON
   -h, --help             this text
 )";
 
@@ -53,9 +60,11 @@ struct usage_error {
 };
 
 struct Options {
-  std::string mesh, shape, from, to, names, grad, dump, dtype = "f32";
+  std::string mesh, shape, from, to, names, grad, dump, to_mesh, dtype = "f32";
   bool balanced = false, json = false, backward = false, adjoint = false, help = false;
-  bool execute = false;
+  bool execute = false, relabel = false;
+  RelabelMethod relabel_method = RelabelMethod::automatic;
+  bool relabel_method_given = false;
   PlanOptions plan;
   int ranks_per_node = 8;
 };
@@ -84,6 +93,8 @@ Options parse_args(int argc, char** argv) {
       o.adjoint = true;
     else if (arg == "--execute")
       o.execute = true;
+    else if (arg == "--relabel")
+      o.relabel = true;
     else if (arg == "--no-exchange")
       o.plan.allow_exchange = false;
     else if (arg == "--no-all-to-all")
@@ -117,6 +128,8 @@ Options parse_args(int argc, char** argv) {
         o.grad = value;
       else if (arg == "--dump")
         o.dump = value;
+      else if (arg == "--to-mesh")
+        o.to_mesh = value;
       else if (arg == "--ranks-per-node")
         o.ranks_per_node = parse_int_option(arg, value);
       else if (arg == "--objective") {
@@ -135,6 +148,17 @@ Options parse_args(int argc, char** argv) {
           o.plan.padding = Padding::never;
         else
           throw usage_error{fmt::format("--padding is auto, always or never, got '{}'", value)};
+      } else if (arg == "--relabel-method") {
+        o.relabel_method_given = true;
+        if (value == "auto")
+          o.relabel_method = RelabelMethod::automatic;
+        else if (value == "exact")
+          o.relabel_method = RelabelMethod::exact;
+        else if (value == "greedy")
+          o.relabel_method = RelabelMethod::greedy;
+        else
+          throw usage_error{
+              fmt::format("--relabel-method is auto, exact or greedy, got '{}'", value)};
       } else {
         throw usage_error{fmt::format("unknown option '{}' (see --help)", arg)};
       }
@@ -150,6 +174,11 @@ Options parse_args(int argc, char** argv) {
   if (!o.grad.empty() && !o.backward) throw usage_error{"--grad goes with --backward"};
   if (!o.dump.empty() && !o.execute) throw usage_error{"--dump goes with --execute"};
   if (o.execute && o.to.empty()) throw usage_error{"--execute needs --to"};
+  if (o.relabel && o.to.empty()) throw usage_error{"--relabel needs --to"};
+  if (o.relabel && (o.backward || o.adjoint || o.execute))
+    throw usage_error{"--relabel goes without --backward, --adjoint and --execute"};
+  if (!o.relabel && (!o.to_mesh.empty() || o.relabel_method_given))
+    throw usage_error{"--to-mesh and --relabel-method go with --relabel"};
   return o;
 }
 
@@ -241,6 +270,45 @@ void print_json(const Plan& plan, std::string_view kind) {
   fmt::print("{}", out);
 }
 
+// The relabelling of ranks from `src` to `dst`: in words and per target block, or as JSON.
+int print_relabelling(const Layout& src, const Layout& dst, const Options& o) {
+  const Relabelling r = find_relabelling(src, dst, o.relabel_method);
+  const DeviceMesh& from = src.mesh();
+  const DeviceMesh& to = dst.mesh();
+  if (o.json) {
+    std::string out = fmt::format(
+        "{{\"kind\":\"relabel\",\"method\":\"{}\",\"mesh\":{},\"to_mesh\":{},\"shape\":{},"
+        "\"dtype\":\"{}\",\"elem_bytes\":{},\"from\":{},\"to\":{},\"rank_for\":{},",
+        r.method(), json_list(from.shape()), json_list(to.shape()), json_list(src.global_shape()),
+        src.dtype(), src.elem_bytes(), json_placements(src.placements()),
+        json_placements(dst.placements()), json_list(r.ranks()));
+    out += fmt::format(
+        "\"bytes_recv_max_before\":{},\"bytes_recv_max_after\":{},"
+        "\"bytes_recv_total_before\":{},\"bytes_recv_total_after\":{},\"moves_nothing\":{},"
+        "\"is_identity\":{}}}\n",
+        r.bytes_recv_max_before(), r.bytes_recv_max_after(), r.bytes_recv_total_before(),
+        r.bytes_recv_total_after(), r.moves_nothing(), r.is_identity());
+    fmt::print("{}", out);
+    return 0;
+  }
+  fmt::print("relabel: {} on mesh {} -> {} on mesh {}, shape {} {} ({} ranks, {})\n",
+             src.placements(), from, dst.placements(), to, src.global_shape(), src.dtype(),
+             r.size(), r.method());
+  fmt::print("{}\n", describe(r));
+  fmt::print("  {:>5}  {:>4}  {:<12} {:<12} {:>12} {:>12}\n", "block", "rank", "rank coord",
+             "block coord", "recv before", "recv after");
+  for (int q = 0; q < r.size(); ++q) {
+    const int p = r.rank_for(q);
+    fmt::print("  {:>5}  {:>4}  {:<12} {:<12} {:>12} {:>12}\n", q, from.rank_at(p),
+               from.coordinate(from.rank_at(p)), to.coordinate(to.rank_at(q)),
+               relabel_bytes_recv(src, dst, q, q), relabel_bytes_recv(src, dst, p, q));
+  }
+  fmt::print("total: recv max {} B (before {} B), in all {} B (before {} B)\n",
+             r.bytes_recv_max_after(), r.bytes_recv_max_before(), r.bytes_recv_total_after(),
+             r.bytes_recv_total_before());
+  return 0;
+}
+
 // Runs the plan on simulated ranks against the global view; writes .npy files with --dump.
 int execute_and_report(const Plan& plan, const Options& o, bool verbose) {
   const Verification v = verify_on_simulator(plan);
@@ -282,6 +350,10 @@ int run(Options o) {
   if (o.to.empty()) {
     print_layout("layout", src);
     return 0;
+  }
+  if (o.relabel) {
+    const DeviceMesh to_mesh = o.to_mesh.empty() ? mesh : parse_mesh(o.to_mesh);
+    return print_relabelling(src, Layout(to_mesh, parse_placements(o.to), shape, dtype, policy), o);
   }
   const Layout dst(mesh, parse_placements(o.to), shape, dtype, policy);
   o.plan = o.plan.with_cost_model(CostModel::defaults(mesh, o.ranks_per_node));

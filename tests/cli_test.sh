@@ -39,6 +39,18 @@ if command -v python3 >/dev/null 2>&1; then
     { echo "FAIL: json does not parse"; fail=1; }
 fi
 
+check "relabel" 0 "$tool" --mesh 2x4 --to-mesh 4x2 --shape 8x8 --from 'S(0),S(1)' --to 'S(1),S(0)' --relabel
+expect_in "relabel" "relabel ranks as [0, 4, 1, 5, 2, 6, 3, 7]"
+expect_in "relabel" "moves 0 B (before: 32 B max per rank, 192 B in all)"
+expect_in "relabel" "total: recv max 0 B (before 32 B), in all 0 B (before 192 B)"
+check "relabel greedy" 0 "$tool" --mesh 2x4 --shape 10x6 --from 'S(0),R' --to 'R,S(0)' --relabel --relabel-method greedy
+expect_in "relabel greedy" "greedy"
+check "relabel json" 0 "$tool" --mesh 2x2 --shape 64x64 --from 'S(0),S(1)' --to 'S(1),S(0)' --relabel --json
+for key in '"kind":"relabel"' '"method":"exact"' '"rank_for":[0,2,1,3]' '"bytes_recv_max_before":4096' \
+           '"bytes_recv_total_after":0' '"moves_nothing":true'; do
+  expect_in "relabel json" "$key"
+done
+
 dump=$(mktemp -d)
 check "execute" 0 "$tool" --mesh 2x4 --shape 10x6 --dtype bf16 --from 'P,S(1)' --to 'R,S(0)' --execute --dump "$dump"
 expect_in "execute" "verified"
@@ -58,7 +70,11 @@ for bad in "--mesh 2x0 --shape 4 --from R" "--mesh 2x4 --shape 4 --from S(0)" \
            "--mesh 2x4 --shape 4x4 --from S(0),R --to R" "--mesh 2x4 --shape 4x4 --from R,R --dtype f8" \
            "--mesh 2x4 --from R,R" "--mesh" "--bogus 1" "--mesh 2x4 --shape 4x4 --from R,R --objective fast" \
            "--mesh 2x4 --shape 4x4 --from P(max),R --to R,R --adjoint" "positional" \
-           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --dump x" "--mesh 2x4 --shape 4x4 --from R,R --execute"; do
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --dump x" "--mesh 2x4 --shape 4x4 --from R,R --execute" \
+           "--mesh 2x4 --shape 4x4 --from P,R --to R,R --relabel" "--mesh 2x4 --shape 4x4 --from R,R --relabel" \
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --to-mesh 4x2" \
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --relabel --to-mesh 3x3" \
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --relabel --relabel-method best"; do
   # shellcheck disable=SC2086
   check "bad input: $bad" 2 "$tool" $bad
   lines=$(wc -l </tmp/dtensor_cli_err.$$)

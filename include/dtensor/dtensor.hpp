@@ -1,7 +1,7 @@
 #pragma once
 
-// Everything that needs no backend: core values, parsing, the typed front end, the planner and
-// formatting.
+// Everything that needs no backend: core values, parsing, the typed front end, the planner,
+// rank relabelling and formatting.
 #include "batch_plan.hpp"
 #include "config.hpp"
 #include "cost_model.hpp"
@@ -16,6 +16,7 @@
 #include "plan.hpp"
 #include "planner.hpp"
 #include "reduce_op.hpp"
+#include "relabel.hpp"
 #include "typed.hpp"
 #include "version.hpp"
 #include "visualize.hpp"

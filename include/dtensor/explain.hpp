@@ -7,8 +7,9 @@
 
 #include "format.hpp"
 #include "plan.hpp"
+#include "relabel.hpp"
 
-// Plans in words: explain(plan), the table the dtensor-plan tool prints.
+// Plans in words: explain(plan), the table the dtensor-plan tool prints; describe(relabelling).
 namespace dtensor {
 
 // "512 B", "1.50 KiB", "8.00 MiB".
@@ -53,6 +54,35 @@ inline std::string explain(const Plan& plan) {
                        static_cast<double>(plan.bytes_recv_max()) / static_cast<double>(bound));
   out += fmt::format("; est {:.2f} us\n", plan.est_us());
   return out;
+}
+
+// A relabelling in one sentence: "relabel ranks as [3, 1, 2, 0] (target block q goes to rank
+// [q]; exact) and this redistribution moves 0 B (before: 4.00 MiB max per rank, 12.00 MiB in
+// all)". Lists at most 64 ranks.
+inline std::string describe(const Relabelling& r) {
+  const std::string before =
+      fmt::format("{} max per rank, {} in all", human_bytes(r.bytes_recv_max_before()),
+                  human_bytes(r.bytes_recv_total_before()));
+  if (r.is_identity()) {
+    if (r.moves_nothing()) return "keep the ranks: every rank already holds its target block";
+    return fmt::format("keep the ranks ({}: no relabelling found receives fewer bytes): {}",
+                       name(r.method()), before);
+  }
+  constexpr int listed = 64;
+  std::string ranks = "[";
+  for (int q = 0; q < r.size() && q < listed; ++q)
+    ranks += fmt::format("{}{}", q > 0 ? ", " : "", r.rank_for(q));
+  if (r.size() > listed) ranks += fmt::format(", ... {} more", r.size() - listed);
+  ranks += "]";
+  const std::string after = r.moves_nothing()
+                                ? std::string("moves 0 B")
+                                : fmt::format("receives {} max per rank, {} in all",
+                                              human_bytes(r.bytes_recv_max_after()),
+                                              human_bytes(r.bytes_recv_total_after()));
+  return fmt::format(
+      "relabel ranks as {} (target block q goes to rank [q]; {}) and this redistribution {} "
+      "(before: {})",
+      ranks, name(r.method()), after, before);
 }
 
 }  // namespace dtensor

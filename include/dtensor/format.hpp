@@ -14,6 +14,7 @@
 #include "placement.hpp"
 #include "plan.hpp"
 #include "reduce_op.hpp"
+#include "relabel.hpp"
 
 // fmt formatters for every public value type, plans and steps included. The spellings are the ones
 // parse.hpp reads: "S(0)", "R", "P(sum)", "bf16", "2x4". The only core header that includes fmt.
@@ -118,6 +119,18 @@ inline void write(text_buffer& out, const Plan& p) {
                  p.bytes_recv_max(), p.est_us());
 }
 
+inline void write(text_buffer& out, RelabelMethod m) { out.append(name(m)); }
+
+// "[0, 4, 1, 5] (exact): recv max 0 B, total 0 B (before: recv max 32 B, total 96 B)".
+inline void write(text_buffer& out, const Relabelling& r) {
+  auto it = std::back_inserter(out);
+  out.push_back('[');
+  for (int q = 0; q < r.size(); ++q) fmt::format_to(it, "{}{}", q > 0 ? ", " : "", r.rank_for(q));
+  fmt::format_to(it, "] ({}): recv max {} B, total {} B (before: recv max {} B, total {} B)",
+                 name(r.method()), r.bytes_recv_max_after(), r.bytes_recv_total_after(),
+                 r.bytes_recv_max_before(), r.bytes_recv_total_before());
+}
+
 // Formats a value through write() and then fmt's string formatter, so width and alignment
 // specs ("{:>8}") work for every type.
 template <class T>
@@ -159,3 +172,9 @@ template <>
 struct fmt::formatter<dtensor::Step> : dtensor::detail::text_formatter<dtensor::Step> {};
 template <>
 struct fmt::formatter<dtensor::Plan> : dtensor::detail::text_formatter<dtensor::Plan> {};
+template <>
+struct fmt::formatter<dtensor::RelabelMethod>
+    : dtensor::detail::text_formatter<dtensor::RelabelMethod> {};
+template <>
+struct fmt::formatter<dtensor::Relabelling>
+    : dtensor::detail::text_formatter<dtensor::Relabelling> {};

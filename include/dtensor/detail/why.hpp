@@ -58,6 +58,15 @@ DTENSOR_WHY(avg_needs_float,
 DTENSOR_WHY(layout_policy_mismatch, "the two layouts chunk uneven dims with different policies");
 DTENSOR_WHY(adjoint_nonlinear, "the adjoint needs R, S(d) or P(sum) placements: P({}) has no dual");
 
+DTENSOR_WHY(relabel_rank_count_mismatch,
+            "relabelling needs meshes with the same number of ranks: {} has {} and {} has {}");
+DTENSOR_WHY(relabel_partial,
+            "relabelling moves whole blocks and a Partial block is not the value: the {} layout "
+            "has P({}) on mesh dim {}");
+DTENSOR_WHY(relabel_too_many_ranks, "relabelling handles at most {} ranks, got {}");
+DTENSOR_WHY(relabel_exact_too_large,
+            "the exact relabelling handles at most {} ranks, got {}: use RelabelMethod::greedy");
+
 DTENSOR_WHY(batch_too_many, "a batch holds at most {} tensors, got {}: use a larger BatchPlan<N>");
 DTENSOR_WHY(batch_mesh_mismatch,
             "every tensor of a batch lives on one mesh: tensor {} is on {}, tensor 0 on {}");
