@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "batch_plan.hpp"
 #include "format.hpp"
 #include "plan.hpp"
 #include "relabel.hpp"
@@ -83,6 +85,40 @@ inline std::string describe(const Relabelling& r) {
       "relabel ranks as {} (target block q goes to rank [q]; {}) and this redistribution {} "
       "(before: {})",
       ranks, name(r.method()), after, before);
+}
+
+// The batched plan as a table: one row per round (its collective, the tensors it carries, the
+// bytes of the busiest rank, the estimated time), then the totals against one by one.
+template <std::size_t N>
+std::string explain(const BatchPlan<N>& batch) {
+  if (batch.empty()) return "batch: no tensors\n";
+  const DeviceMesh& mesh = batch[0].src().mesh();
+  std::string out = fmt::format("batch: {} tensors on mesh {}\n", batch.size(), mesh);
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    const Plan& p = batch[t];
+    out += fmt::format("  tensor {:>2}: {} {} {} -> {}: {} steps, recv max {}, est {:.2f} us\n", t,
+                       p.src().global_shape(), p.src().dtype(), p.src().placements(),
+                       p.dst().placements(), p.size(), human_bytes(p.bytes_recv_max()), p.est_us());
+  }
+  if (batch.rounds().empty()) return out + "  nothing to move\n";
+  out += fmt::format("  {:>5}  {:<18} {:<9} {:>7} {:>12} {:>10}\n", "round", "collective",
+                     "mesh dim", "tensors", "recv max", "est");
+  for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
+    const BatchRound& round = batch.rounds()[r];
+    std::string what{name(round.kind)};
+    if (round.kind == StepKind::exchange) what = "point-to-point";
+    if (round.kind == StepKind::reduce_scatter || round.kind == StepKind::all_reduce)
+      what += fmt::format(" {} {}", round.dtype, round.op);
+    out += fmt::format("  {:>5}  {:<18} {:<9} {:>7} {:>12} {:>7.2f} us\n", r + 1, what,
+                       round.mesh_dim < 0 ? std::string("all") : fmt::format("{}", round.mesh_dim),
+                       round.tensors, human_bytes(round.bytes_recv_max), round.est_us);
+  }
+  out += fmt::format(
+      "total: {} collectives (one by one: {}), recv max {}; est {:.2f} us (one by one: {:.2f} us, "
+      "saves {:.2f} us)\n",
+      batch.collectives(), batch.collectives_unbatched(), human_bytes(batch.bytes_recv_max()),
+      batch.est_us(), batch.est_us_unbatched(), batch.saving_us());
+  return out;
 }
 
 }  // namespace dtensor
