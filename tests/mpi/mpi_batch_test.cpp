@@ -3,6 +3,7 @@
 // global view.
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
+#include <dtensor/execute.hpp>
 #include <dtensor/execute_batch.hpp>
 #include <dtensor/verify.hpp>
 
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "agreement.hpp"
@@ -110,6 +112,35 @@ int main(int argc, char** argv) {
       verdicts.agree(
           fmt::format("mesh {}, batch of {} ({} rounds)", spelling, size, batch->collectives()),
           problem.empty(), problem);
+    }
+  }
+  // A batched execute() while an execution is still to start operations on the backend: refused
+  // on every rank (each sees the same state), and the backend aborted. The buffers of the
+  // abandoned execution stay allocated until MPI_Finalize (the MPI backend's abort contract).
+  std::vector<float> async_src(64), async_dst(64), batch_src(64), batch_dst(64);
+  if (world_size % 2 == 0) {
+    const DeviceMesh mesh({2, world_size / 2});
+    MpiBackend backend(mesh);
+    const Layout a(mesh, parse_placements("S(0),S(1)"), {8, 8}, DType::f32);
+    const Layout b(mesh, parse_placements("R,R"), {8, 8}, DType::f32);
+    const Plan two_gathers = plan_redistribute(a, b);
+    Execution<MpiBackend> running =
+        execute_async(two_gathers, backend, async_src.data(), 256, async_dst.data(), 256);
+    const std::vector<Redistribution> one{{a, b}};
+    const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(one));
+    const std::vector<TensorBuffers> buffers{{batch_src.data(), 256, batch_dst.data(), 256}};
+    std::string message;
+    try {
+      execute(*batch, backend, std::span<const TensorBuffers>(buffers));
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    verdicts.agree("a batched execute() with an execution in flight is refused",
+                   message.find("wait() for the executions in flight") != std::string::npos,
+                   message);
+    try {
+      running.wait();
+    } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): aborted, as expected
     }
   }
   if (world_rank == 0)
