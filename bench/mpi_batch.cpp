@@ -14,6 +14,8 @@
 #include <fmt/core.h>
 #include <mpi.h>
 
+#include "mpi_timing.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -25,20 +27,9 @@ namespace {
 
 using namespace dtensor;
 
-// Median seconds of `iterations` timed runs of f (after warm-up), the slowest rank's.
+// Median seconds of `iterations` timed runs of f (after two warm-ups), the slowest rank's.
 double time_it(const std::function<void()>& f, int iterations) {
-  for (int i = 0; i < 2; ++i) f();
-  std::vector<double> samples;
-  for (int i = 0; i < iterations; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double start = MPI_Wtime();
-    f();
-    double elapsed = MPI_Wtime() - start, slowest = 0;
-    MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    samples.push_back(slowest);
-  }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  return bench::median_seconds(f, iterations);
 }
 
 struct Pattern {

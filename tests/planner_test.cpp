@@ -215,6 +215,12 @@ TEST_CASE("inner mesh dims chunk and reduce before the outer gather", "[planner]
   p = plan_redistribute(layout(m, "S(0),P", shape), layout(m, "R,S(1)", shape));
   CHECK(kinds(p) == std::vector{K::reduce_scatter, K::all_gather});
   CHECK(p.bytes_recv_max() == 3 * tensor / 8 + tensor / 8);
+  // A reduce-scatter the outer gather would have to follow is split: all-reduce the inner
+  // dim's half block, gather the outer dim, chunk (PyTorch's plan; uneven, so no padding).
+  p = plan_redistribute(layout(m, "S(1),P", {7, 10}), layout(m, "R,S(1)", {7, 10}),
+                        {.objective = Objective::bytes, .allow_exchange = false});
+  CHECK(kinds(p) == std::vector{K::all_reduce, K::all_gather, K::chunk});
+  CHECK(p.bytes_recv_max() == 352);
   // The Partial target is made only after the source Partial is reduced.
   p = plan_redistribute(layout(m, "P,R", shape), layout(m, "R,P", shape));
   CHECK(kinds(p) == std::vector{K::all_reduce, K::scale});

@@ -11,6 +11,8 @@
 #include <fmt/core.h>
 #include <mpi.h>
 
+#include "../mpi_timing.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -28,18 +30,7 @@ using namespace dtensor;
 // Median over `runs` timed calls of f (after one warm-up) of the slowest rank's seconds.
 template <class F>
 double median_seconds(F&& f, int runs) {
-  f();
-  std::vector<double> samples;
-  for (int i = 0; i < runs; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double start = MPI_Wtime();
-    f();
-    double elapsed = MPI_Wtime() - start, slowest = 0;
-    MPI_Allreduce(&elapsed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    samples.push_back(slowest);
-  }
-  std::nth_element(samples.begin(), samples.begin() + runs / 2, samples.end());
-  return samples[static_cast<std::size_t>(runs / 2)];
+  return bench::median_seconds(f, runs, 1);
 }
 
 int run(int argc, char** argv) {

@@ -245,6 +245,23 @@ constexpr Transitions with_all_to_all(const Placements& src, Transitions ts) {
   return ts;
 }
 
+// The transitions with each reduce-scatter (P(op) -> S(j)) split into an all-reduce and a chunk
+// (P(op) -> R -> S(j)): the all-reduce may run where the reduce-scatter cannot, before an outer
+// gather of the same tensor dim, on the smaller block. (S(1), P) -> (R, S(1)) on 2x4 with
+// uneven columns: all-reduce mesh dim 1, all-gather mesh dim 0, chunk mesh dim 1, as PyTorch.
+constexpr Transitions split_reduce_scatters(const Transitions& ts) {
+  Transitions out;
+  for (const Transition& t : ts) {
+    if (t.from.is_partial() && t.to.is_shard()) {
+      out.push_back({t.mesh_dim, t.from, Placement::replicate()});
+      out.push_back({t.mesh_dim, Placement::replicate(), t.to});
+    } else {
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
 // The step kind of a transition of one mesh dim (P(a) -> P(b) is split before this).
 constexpr StepKind step_kind(const Placement& from, const Placement& to) noexcept {
   if (from == to) return StepKind::identity;
@@ -669,12 +686,10 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
-  // The cheapest order of the same transitions, with all-to-alls where they fit; not needed
-  // when seed 004's order already moves no more than the bound.
-  const bool at_bound = !detail::plan_builder::pruned(best) && best.bytes_recv_max() <= bound;
-  const detail::Transitions ordered =
-      at_bound ? greedy : detail::cheapest_order(src, greedy, options);
-  if (!(ordered == greedy)) {
+  // The cheapest order of the same transitions, and of them with reduce-scatters split into
+  // all-reduce and chunk, with all-to-alls where they fit; not needed when seed 004's order
+  // already moves no more than the bound.
+  auto try_order = [&](const detail::Transitions& ordered) {
     const Plan p = detail::plan_builder::build(
         src, dst, ordered, options, detail::plan_builder::pruned(best) ? nullptr : &best);
     if (detail::better(p, best, options.objective)) best = p;
@@ -686,6 +701,12 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
         if (detail::better(q, best, options.objective)) best = q;
       }
     }
+  };
+  if (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound) {
+    const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
+    if (!(ordered == greedy)) try_order(ordered);
+    const detail::Transitions split = detail::split_reduce_scatters(greedy);
+    if (split.size() != greedy.size()) try_order(detail::cheapest_order(src, split, options));
   }
   if (detail::mixed_partials(a, b)) {
     const Plan p =
