@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <mutex>
 #include <random>
 #include <vector>
 
@@ -85,6 +86,25 @@ TEST_CASE("FSDP: a layer's parameters gathered in one collective per step", "[ba
   INFO(v.difference);
   CHECK(v.verified);
   CHECK(v.collectives == 2);
+  // The scratch a run holds stays within workspace_bytes.
+  std::int64_t most = 0;
+  std::mutex lock;
+  SimulatedWorld world(m);
+  world.run([&](SimulatedBackend& backend) {
+    std::vector<std::vector<std::byte>> in, out;
+    std::vector<TensorBuffers> buffers;
+    for (const Plan& p : b) {
+      in.emplace_back(static_cast<std::size_t>(p.src().local_bytes(backend.rank())));
+      out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(backend.rank())));
+      buffers.push_back({in.back().data(), in.back().size(), out.back().data(), out.back().size()});
+    }
+    ExecuteStats stats;
+    execute(b, backend, std::span<const TensorBuffers>(buffers), &stats);
+    const std::scoped_lock guard(lock);
+    most = std::max(most, stats.scratch_peak_bytes);
+  });
+  CHECK(most > 0);
+  CHECK(most <= workspace_bytes(b));
   std::int64_t unbatched = 0;
   for (const Redistribution& r : params) unbatched += alone(r);
   CHECK(unbatched == 7);

@@ -254,6 +254,38 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
 
 }  // namespace detail
 
+// Bytes of scratch memory execute() holds at most on any rank for this batch: every tensor's
+// own (workspace_bytes of its plan; their steps interleave) plus the packing buffers of the
+// largest round (each tensor's part of a round packs at most what its step stages alone, an
+// all-reduce its block twice). An upper bound, like ExecuteStats' peak of a batched run.
+template <std::size_t N>
+std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
+  std::int64_t own = 0, packing = 0;
+  for (const Plan& p : batch) own = detail::bytes_add(own, workspace_bytes(p));
+  if (batch.empty()) return own;
+  const DeviceMesh& mesh = batch[0].src().mesh();
+  for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
+    if (batch.rounds()[r].tensors < 2) continue;  // one tensor's round packs nothing
+    for (int i = 0; i < mesh.size(); ++i) {
+      const MeshCoord me = mesh.coordinate(mesh.rank_at(i));
+      std::int64_t round = 0;
+      for (std::size_t t = 0; t < batch.size(); ++t) {
+        const Plan& p = batch[t];
+        for (std::size_t s = 0; s < p.size(); ++s) {
+          if (batch.round_of(t, s) != static_cast<int>(r)) continue;
+          const std::int64_t b =
+              p[s].kind == StepKind::all_reduce
+                  ? 2 * p.src().local_box(p[s].before, me).numel() * p.src().elem_bytes()
+                  : detail::step_staging_bytes(p, s, me);
+          round = detail::bytes_add(round, b);
+        }
+      }
+      packing = round > packing ? round : packing;
+    }
+  }
+  return detail::bytes_add(own, packing);
+}
+
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as
 // execute() takes them for batch[t]. Each round is one backend call on packed buffers, so the
 // batch pays one collective's latency per round instead of one per tensor and step. Blocking:
