@@ -7,7 +7,7 @@
 //   from     "S(0),R"
 //   to       "R,S(1)"
 //   options  words: bytes time always never auto no-exchange no-all-to-all balanced keep-one
-//            backward adjoint; any other word's bytes set option bits.
+//            backward adjoint batch; any other word's bytes set option bits.
 // The lines go to the parser as spelled, then (when they parse) into layouts, plans and, when
 // small, a run on simulated ranks checked against the global view. Whatever did not parse or
 // was too large to run is then replaced by values derived from its bytes, so that most inputs
@@ -144,6 +144,7 @@ struct Options {
   ChunkPolicy policy = ChunkPolicy::torch_chunk;
   bool backward = false;
   bool adjoint = false;
+  bool batch = false;  // also run {src -> dst, dst -> src, src -> dst} as one batched plan
 };
 
 Options parse_options(std::string_view line) {
@@ -176,6 +177,8 @@ Options parse_options(std::string_view line) {
       o.backward = true;
     else if (word == "adjoint")
       o.adjoint = true;
+    else if (word == "batch")
+      o.batch = true;
     else {
       // Unknown words still choose options, so that mutated bytes explore them.
       const auto b = static_cast<unsigned char>(word[0]);
@@ -188,6 +191,7 @@ Options parse_options(std::string_view line) {
       if (b & 64u) o.plan.partial_from_replicate = PartialFromReplicate::keep_one;
       if (b & 128u) o.backward = true;
       if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 1u)) o.adjoint = true;
+      if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 2u)) o.batch = true;
     }
   }
   return o;
@@ -218,14 +222,14 @@ std::string shape_text(const Shape& s) {
 std::string options_text(const Options& o) {
   return fmt::format(
       "objective={} padding={} exchange={} all_to_all={} policy={} partial_from_replicate={} "
-      "backward={} adjoint={}",
+      "backward={} adjoint={} batch={}",
       o.plan.objective == Objective::bytes ? "bytes" : "time",
       o.plan.padding == Padding::always  ? "always"
       : o.plan.padding == Padding::never ? "never"
                                          : "auto",
       o.plan.allow_exchange, o.plan.allow_all_to_all, o.policy,
       o.plan.partial_from_replicate == PartialFromReplicate::keep_one ? "keep_one" : "divide",
-      o.backward, o.adjoint);
+      o.backward, o.adjoint, o.batch);
 }
 
 // Whether every ')' closes an earlier '(' and every '(' is closed.
@@ -351,6 +355,29 @@ bool run_plan(const Plan& plan, std::string_view what, std::string_view context)
   return true;
 }
 
+// Runs {src -> dst, dst -> src, src -> dst} as one batched plan on simulated ranks: every
+// tensor must reach its target, bytes as planned, each tensor's plan the one planned alone, and
+// no more collectives than the tensors one by one.
+bool run_batch(const Layout& src, const Layout& dst, const Options& o, std::string_view context) {
+  const std::vector<Redistribution> tensors{{src, dst}, {dst, src}, {src, dst}};
+  const std::string ctx = fmt::format("{}\nbatch: {} <-> {}", context, src, dst);
+  auto batch = guarded("plan_batch", ctx, [&] { return plan_batch<3>(tensors, o.plan); });
+  if (!batch) return false;
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    if (!((*batch)[t] == plan_redistribute(tensors[t].src, tensors[t].dst, o.plan)))
+      violation(fmt::format("tensor {}'s plan in the batch differs from its plan alone", t), ctx);
+  if (batch->collectives() > batch->collectives_unbatched())
+    violation(fmt::format("the batch has {} rounds, more than the {} steps one by one",
+                          batch->collectives(), batch->collectives_unbatched()),
+              ctx);
+  const BatchVerification v = must_succeed("verify_batch_on_simulator", ctx,
+                                           [&] { return verify_batch_on_simulator(*batch); });
+  if (!v.verified)
+    violation(fmt::format("the batched run differs: {}", v.difference),
+              fmt::format("{}\n{}", ctx, explain(*batch)));
+  return true;
+}
+
 // Plans src -> dst (and the backward and adjoint plans when asked), checks every plan and runs
 // the small ones. Returns whether a plan ran on the simulator.
 bool plan_and_run(const Layout& src, const Layout& dst, const Options& o,
@@ -374,6 +401,8 @@ bool plan_and_run(const Layout& src, const Layout& dst, const Options& o,
       check_plan(*plan, o, "adjoint", context);
       ran = run_plan(*plan, "adjoint", context) || ran;
     }
+  if (o.batch && src.mesh().size() <= max_run_ranks && src.global_numel() <= max_run_numel)
+    ran = run_batch(src, dst, o, context) || ran;
   return ran;
 }
 
