@@ -371,6 +371,28 @@ TEST_CASE("mismatched layouts are refused", "[planner][errors]") {
                     "1 placements for a mesh of 2 dims: one per mesh dim");
 }
 
+TEST_CASE("the lower bound's fast path without Partial equals the general rule",
+          "[planner][bound]") {
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2}), DeviceMesh({3, 2})};
+  const Shape shapes[] = {{16, 8, 2}, {5, 7, 3}, {1, 0, 9}};
+  int checked = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      for (ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Layout src(m, a, shape, DType::f32, policy), dst(m, b, shape, DType::f32, policy);
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            REQUIRE(detail::missing_elements(src, dst, c) ==
+                    detail::lower_bound_elements(src, dst, c));
+            ++checked;
+          }
+        });
+  CHECK(checked > 10000);
+}
+
 TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never below the bound",
           "[planner][exhaustive]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};

@@ -330,6 +330,34 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
   return bound;
 }
 
+// lower_bound_elements for layouts without Partial, in O(tensor dims x mesh dims): the elements
+// of the target block of the rank at `coord` its source block lacks, from the ranges each
+// side's shards cut along every tensor dim (nested outermost first, as Layout::local_box).
+constexpr std::int64_t missing_elements(const Layout& src, const Layout& dst,
+                                        const MeshCoord& coord) {
+  const DeviceMesh& mesh = src.mesh();
+  std::int64_t want = 1, kept = 1;
+  for (int d = 0; d < src.tensor_ndim(); ++d) {
+    Range s{0, src.global_shape()[d]}, t = s;
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      if (src.placement(k).is_shard(d)) {
+        const Range r = chunk_range(s.size, mesh.size(k), coord[k], src.policy());
+        s = {s.start + r.start, r.size};
+      }
+      if (dst.placement(k).is_shard(d)) {
+        const Range r = chunk_range(t.size, mesh.size(k), coord[k], dst.policy());
+        t = {t.start + r.start, r.size};
+      }
+    }
+    const std::int64_t lo = s.start > t.start ? s.start : t.start;
+    const std::int64_t hi =
+        s.start + s.size < t.start + t.size ? s.start + s.size : t.start + t.size;
+    want *= t.size;
+    kept *= hi > lo ? hi - lo : 0;
+  }
+  return want - kept;
+}
+
 // Whether every shard of `ps` over base's mesh cuts its tensor dim into equal pieces. Every
 // mesh dim it asks base's mesh about is in range: it cannot throw.
 // NOLINTNEXTLINE(bugprone-exception-escape): cannot throw, see above
@@ -665,12 +693,15 @@ constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layou
   bool fixed[max_mesh_dims] = {};
   for (int k = 0; k < mesh.ndim(); ++k)
     fixed[k] = !src.placement(k).is_shard() && !dst.placement(k).is_shard();
+  // Without Partial, the elements each rank lacks, per tensor dim (detail::missing_elements).
+  const bool blocks_only = !has_partial(src.placements()) && !has_partial(dst.placements());
   std::int64_t most = 0;
-  detail::for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
-                         [&](const MeshCoord& c) {
-                           const std::int64_t e = detail::lower_bound_elements(src, dst, c);
-                           most = e > most ? e : most;
-                         });
+  detail::for_each_coord(
+      mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed, [&](const MeshCoord& c) {
+        const std::int64_t e = blocks_only ? detail::missing_elements(src, dst, c)
+                                           : detail::lower_bound_elements(src, dst, c);
+        most = e > most ? e : most;
+      });
   return detail::bytes_mul(most, src.elem_bytes());
 }
 
