@@ -467,7 +467,8 @@ struct plan_builder {
 
   // The plan of the transitions `prefix`, then one exchange to `exchange_to` (when given),
   // then the transitions `suffix`, with costs.
-  // With an incumbent, costing stops as soon as the plan cannot beat it (then it is pruned).
+  // With an incumbent, costing stops as soon as the plan cannot beat it (then it is pruned); a
+  // pruned incumbent is no plan and stops nothing.
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& prefix,
                               const Placements* exchange_to, const Transitions& suffix,
                               const PlanOptions& options, const Plan* incumbent = nullptr) {
@@ -493,7 +494,7 @@ struct plan_builder {
       plan.pruned_ = true;  // not a plan to dst: never chosen
       return plan;
     }
-    cost(plan, incumbent);
+    cost(plan, incumbent != nullptr && !incumbent->pruned_ ? incumbent : nullptr);
     return plan;
   }
 
@@ -717,41 +718,32 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
+  auto consider = [&](const detail::Transitions& ts) {
+    const Plan p = detail::plan_builder::build(src, dst, ts, options, &best);
+    if (detail::better(p, best, options.objective)) best = p;
+  };
+  // The same transitions with all-to-alls where they fit.
+  auto consider_all_to_all = [&](const detail::Transitions& ts) {
+    if (!options.allow_all_to_all) return;
+    const detail::Transitions a2a = detail::with_all_to_all(a, ts);
+    if (a2a.size() != ts.size()) consider(a2a);
+  };
   // The cheapest order of the same transitions, and of them with reduce-scatters split into
   // all-reduce and chunk, with all-to-alls where they fit; not needed when seed 004's order
   // already moves no more than the bound.
-  auto try_order = [&](const detail::Transitions& ordered) {
-    const Plan p = detail::plan_builder::build(
-        src, dst, ordered, options, detail::plan_builder::pruned(best) ? nullptr : &best);
-    if (detail::better(p, best, options.objective)) best = p;
-    if (options.allow_all_to_all) {
-      const detail::Transitions a2a = detail::with_all_to_all(a, ordered);
-      if (a2a.size() != ordered.size()) {
-        const Plan q = detail::plan_builder::build(
-            src, dst, a2a, options, detail::plan_builder::pruned(best) ? nullptr : &best);
-        if (detail::better(q, best, options.objective)) best = q;
-      }
-    }
+  auto consider_order = [&](const detail::Transitions& ordered) {
+    consider(ordered);
+    consider_all_to_all(ordered);
   };
   if (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound) {
     const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
-    if (!(ordered == greedy)) try_order(ordered);
+    if (!(ordered == greedy)) consider_order(ordered);
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
-    if (split.size() != greedy.size()) try_order(detail::cheapest_order(src, split, options));
+    if (split.size() != greedy.size()) consider_order(detail::cheapest_order(src, split, options));
   }
-  if (detail::mixed_partials(a, b)) {
-    const Plan p =
-        detail::plan_builder::build(src, dst, detail::reduce_all_first(a, b), options,
-                                    detail::plan_builder::pruned(best) ? nullptr : &best);
-    if (detail::better(p, best, options.objective)) best = p;
-  }
-  if (options.allow_all_to_all) {
-    const detail::Transitions a2a = detail::with_all_to_all(a, greedy);
-    if (a2a.size() != greedy.size()) {
-      const Plan p = detail::plan_builder::build(src, dst, a2a, options, &best);
-      if (detail::better(p, best, options.objective)) best = p;
-    }
-  }
+  if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
+  consider_all_to_all(greedy);
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) &&
