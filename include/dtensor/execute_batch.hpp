@@ -142,8 +142,6 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     }
     return;
   }
-  auto at = [](const void* p, std::size_t off) { return static_cast<const std::byte*>(p) + off; };
-  auto at_mut = [](void* p, std::size_t off) { return static_cast<std::byte*>(p) + off; };
   if (first.kind == Kind::exchange) {
     // One message per peer and direction: each tensor's messages to (from) that peer, in tensor
     // order and, within a tensor, in its own order; sender and receiver agree on both.
@@ -202,50 +200,53 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   for (std::size_t t = 0; t < ops.size(); ++t)
     off[t] = std::exchange(total, total + ops[t]->n * elem);
   auto piece = [&](std::size_t t) { return ops[t]->n * elem; };
+  // Tensor t's piece for group member j sits at j * piece(t) in its own buffer and at
+  // j * total + off[t] in the packed one; `members` pieces per tensor (1 for a block).
+  auto pack = [&](std::byte* packed, std::size_t members) {
+    for (std::size_t j = 0; j < members; ++j)
+      for (std::size_t t = 0; t < ops.size(); ++t)
+        if (piece(t))
+          local.copy(packed + j * total + off[t],
+                     static_cast<const std::byte*>(ops[t]->send) + j * piece(t), piece(t));
+  };
+  auto unpack = [&](const std::byte* packed, std::size_t members) {
+    for (std::size_t j = 0; j < members; ++j)
+      for (std::size_t t = 0; t < ops.size(); ++t)
+        if (piece(t))
+          local.copy(static_cast<std::byte*>(ops[t]->recv) + j * piece(t),
+                     packed + j * total + off[t], piece(t));
+  };
   switch (first.kind) {
     case Kind::all_gather: {
       std::byte* send = Packing::at_least(backend, buffers.send, total);
       std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
-      for (std::size_t t = 0; t < ops.size(); ++t)
-        if (piece(t)) local.copy(send + off[t], ops[t]->send, piece(t));
+      pack(send, 1);
       backend.all_gather(k, send, recv, total);
-      for (std::size_t j = 0; j < g; ++j)
-        for (std::size_t t = 0; t < ops.size(); ++t)
-          if (piece(t))
-            local.copy(at_mut(ops[t]->recv, j * piece(t)), recv + j * total + off[t], piece(t));
+      unpack(recv, g);
       return;
     }
-    case Kind::all_to_all:
-    case Kind::reduce_scatter: {
-      // One block per member, each tensor's piece for that member side by side.
+    case Kind::all_to_all: {
       std::byte* send = Packing::at_least(backend, buffers.send, g * total);
-      std::byte* recv = Packing::at_least(backend, buffers.recv,
-                                          first.kind == Kind::all_to_all ? g * total : total);
-      for (std::size_t j = 0; j < g; ++j)
-        for (std::size_t t = 0; t < ops.size(); ++t)
-          if (piece(t))
-            local.copy(send + j * total + off[t], at(ops[t]->send, j * piece(t)), piece(t));
-      if (first.kind == Kind::all_to_all) {
-        backend.all_to_all(k, send, recv, total);
-        for (std::size_t j = 0; j < g; ++j)
-          for (std::size_t t = 0; t < ops.size(); ++t)
-            if (piece(t))
-              local.copy(at_mut(ops[t]->recv, j * piece(t)), recv + j * total + off[t], piece(t));
-      } else {
-        backend.reduce_scatter(k, send, recv, total / elem, first.dtype, first.op);
-        for (std::size_t t = 0; t < ops.size(); ++t)
-          if (piece(t)) local.copy(ops[t]->recv, recv + off[t], piece(t));
-      }
+      std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
+      pack(send, g);
+      backend.all_to_all(k, send, recv, total);
+      unpack(recv, g);
+      return;
+    }
+    case Kind::reduce_scatter: {
+      std::byte* send = Packing::at_least(backend, buffers.send, g * total);
+      std::byte* recv = Packing::at_least(backend, buffers.recv, total);
+      pack(send, g);
+      backend.reduce_scatter(k, send, recv, total / elem, first.dtype, first.op);
+      unpack(recv, 1);
       return;
     }
     case Kind::all_reduce: {
       std::byte* send = Packing::at_least(backend, buffers.send, total);
       std::byte* recv = Packing::at_least(backend, buffers.recv, total);
-      for (std::size_t t = 0; t < ops.size(); ++t)
-        if (piece(t)) local.copy(send + off[t], ops[t]->send, piece(t));
+      pack(send, 1);
       backend.all_reduce(k, send, recv, total / elem, first.dtype, first.op);
-      for (std::size_t t = 0; t < ops.size(); ++t)
-        if (piece(t)) local.copy(ops[t]->recv, recv + off[t], piece(t));
+      unpack(recv, 1);
       return;
     }
     case Kind::exchange: break;
