@@ -198,11 +198,14 @@ constexpr RankBytes batch_rank_bytes(const BatchPlan<N>& batch, int rank) {
 template <std::size_t N>
 constexpr void BatchPlan<N>::schedule() {
   const std::size_t n = plans_.size();
-  std::array<std::size_t, N> at{};  // the next step of each tensor
-  auto next_comm = [&](std::size_t t) {
+  std::array<std::size_t, N> at{};     // each tensor's next communicating step
+  std::array<bool, N> waiting{};       // whether it has one
+  std::array<BatchRound, N> head{};    // and the round that step joins
+  auto advance = [&](std::size_t t) {  // to the first communicating step from at[t] on
     const Plan& p = plans_[t];
     while (at[t] < p.size() && !detail::communicates(p[at[t]])) ++at[t];
-    return at[t] < p.size();
+    waiting[t] = at[t] < p.size();
+    if (waiting[t]) head[t] = detail::round_key(p, p[at[t]]);
   };
   auto left = [&](std::size_t t) {
     int k = 0;
@@ -213,30 +216,28 @@ constexpr void BatchPlan<N>::schedule() {
   for (std::size_t t = 0; t < n; ++t) {
     round_of_.push_back({});
     round_of_[t].fill(-1);
+    advance(t);
   }
   while (true) {
     std::size_t lead = n;
     int lead_left = 0, lead_joined = 0;
     for (std::size_t t = 0; t < n; ++t) {
-      if (!next_comm(t)) continue;
+      if (!waiting[t]) continue;
       const int l = left(t);
       if (l < lead_left) continue;
-      const BatchRound key = detail::round_key(plans_[t], plans_[t][at[t]]);
       int joined = 0;
       for (std::size_t u = 0; u < n; ++u)
-        if (next_comm(u) && detail::same_round(key, detail::round_key(plans_[u], plans_[u][at[u]])))
-          ++joined;
+        if (waiting[u] && detail::same_round(head[t], head[u])) ++joined;
       if (l > lead_left || joined > lead_joined) lead = t, lead_left = l, lead_joined = joined;
     }
     if (lead == n) return;
-    BatchRound round = detail::round_key(plans_[lead], plans_[lead][at[lead]]);
+    BatchRound round = head[lead];
     const auto index = static_cast<std::int16_t>(rounds_.size());
     for (std::size_t t = 0; t < n; ++t) {
-      if (!next_comm(t) ||
-          !detail::same_round(round, detail::round_key(plans_[t], plans_[t][at[t]])))
-        continue;
+      if (!waiting[t] || !detail::same_round(round, head[t])) continue;
       round_of_[t][at[t]] = index;
       ++at[t];
+      advance(t);
       ++round.tensors;
     }
     rounds_.push_back(round);
@@ -251,14 +252,17 @@ constexpr void BatchPlan<N>::cost() {
   est_us_ = 0;
   if (plans_.empty()) return;
   const DeviceMesh& mesh = plans_[0].src().mesh();
-  for (std::size_t r = 0; r < rounds_.size(); ++r) {
-    BatchRound& round = rounds_[r];
-    for (int i = 0; i < mesh.size(); ++i) {
-      const int rank = mesh.rank_at(i);
-      const MeshCoord c = mesh.coordinate(rank);
+  for (int i = 0; i < mesh.size(); ++i) {
+    const int rank = mesh.rank_at(i);
+    const MeshCoord c = mesh.coordinate(rank);
+    RankBytes total;
+    for (std::size_t r = 0; r < rounds_.size(); ++r) {
+      BatchRound& round = rounds_[r];
       const RankBytes b = round_rank_bytes(*this, r, rank);
       round.bytes_recv_max = detail::max_of(round.bytes_recv_max, b.recv);
       round.bytes_send_max = detail::max_of(round.bytes_send_max, b.send);
+      total.send = detail::bytes_add(total.send, b.send);
+      total.recv = detail::bytes_add(total.recv, b.recv);
       double latency = 0, bandwidth = 0;
       for (std::size_t t = 0; t < plans_.size(); ++t) {
         const Plan& p = plans_[t];
@@ -279,13 +283,10 @@ constexpr void BatchPlan<N>::cost() {
       const double us = latency + bandwidth;
       round.est_us = us > round.est_us ? us : round.est_us;
     }
-    est_us_ += round.est_us;
+    bytes_recv_max_ = detail::max_of(bytes_recv_max_, total.recv);
+    bytes_send_max_ = detail::max_of(bytes_send_max_, total.send);
   }
-  for (int i = 0; i < mesh.size(); ++i) {
-    const RankBytes b = batch_rank_bytes(*this, mesh.rank_at(i));
-    bytes_recv_max_ = detail::max_of(bytes_recv_max_, b.recv);
-    bytes_send_max_ = detail::max_of(bytes_send_max_, b.send);
-  }
+  for (const BatchRound& round : rounds_) est_us_ += round.est_us;
 }
 
 // The batched plan of `batch` (at most N tensors, all on one mesh; shapes, dtypes and
