@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -26,11 +25,6 @@
 namespace {
 
 using namespace dtensor;
-
-// Median seconds of `iterations` timed runs of f (after two warm-ups), the slowest rank's.
-double time_it(const std::function<void()>& f, int iterations) {
-  return bench::median_seconds(f, iterations);
-}
 
 struct Pattern {
   std::string_view name;
@@ -95,7 +89,7 @@ int main(int argc, char** argv) {
         const auto u = static_cast<std::size_t>(t);
         buffers.push_back({in[u].data(), in[u].size(), out[u].data(), out[u].size()});
       }
-      const double one_by_one = time_it(
+      const double one_by_one = bench::median_seconds(
           [&] {
             for (int t = 0; t < tensors; ++t) {
               const auto u = static_cast<std::size_t>(t);
@@ -104,7 +98,7 @@ int main(int argc, char** argv) {
             }
           },
           iterations);
-      const double batched = time_it(
+      const double batched = bench::median_seconds(
           [&] { execute(*plan, backend, std::span<const TensorBuffers>(buffers)); }, iterations);
       if (rank == 0)
         fmt::print("{:<26} {:<16} {:>5} / {:<5} {:>12.1f} {:>12.1f} {:>12.2f} {:>7.1f}x\n", p.name,

@@ -11,18 +11,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string_view>
 #include <vector>
 
 namespace {
 
 using namespace dtensor;
-
-// Median seconds of `iterations` timed runs of f (after two warm-ups), the slowest rank's.
-double time_it(const std::function<void()>& f, int iterations) {
-  return bench::median_seconds(f, iterations);
-}
 
 }  // namespace
 
@@ -58,12 +52,12 @@ int main(int argc, char** argv) {
       const Plan plan = plan_redistribute(src, dst);
       std::vector<float> in(static_cast<std::size_t>(src.local_numel(rank)), 1.0f);
       std::vector<float> out(static_cast<std::size_t>(dst.local_numel(rank)));
-      const double ours = time_it(
+      const double ours = bench::median_seconds(
           [&] { execute(plan, backend, std::span<const float>(in), std::span<float>(out)); },
           iterations);
       // The bare collective on the same buffers.
       const auto count = static_cast<int>(std::min(in.size(), out.size()));
-      const double bare = time_it(
+      const double bare = bench::median_seconds(
           [&] {
             if (c.name == "all_gather")
               MPI_Allgather(in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(),

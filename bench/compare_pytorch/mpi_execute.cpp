@@ -27,12 +27,6 @@ namespace {
 
 using namespace dtensor;
 
-// Median over `runs` timed calls of f (after one warm-up) of the slowest rank's seconds.
-template <class F>
-double median_seconds(F&& f, int runs) {
-  return bench::median_seconds(f, runs, 1);
-}
-
 int run(int argc, char** argv) {
   if (argc != 3) {
     fmt::print(stderr, "usage: mpirun -np N compare_mpi_execute CASES RUNS\n");
@@ -58,8 +52,9 @@ int run(int argc, char** argv) {
     MpiBackend backend(m);
     std::vector<float> in(static_cast<std::size_t>(src.local_numel(rank)), 1.0f);
     std::vector<float> out(static_cast<std::size_t>(dst.local_numel(rank)));
-    const double seconds = median_seconds(
-        [&] { execute(plan, backend, std::span<const float>(in), std::span<float>(out)); }, runs);
+    const double seconds = bench::median_seconds(
+        [&] { execute(plan, backend, std::span<const float>(in), std::span<float>(out)); }, runs,
+        1);
     if (rank == 0) fmt::print("{:.6e} {}\n", seconds, plan.bytes_recv_max());
     std::fflush(stdout);
   }
