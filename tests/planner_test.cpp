@@ -113,6 +113,8 @@ TEST_CASE("one mesh dim: each transition is one collective or local step", "[pla
   p = plan("P", "R");
   CHECK(kinds(p) == std::vector{K::all_reduce});
   CHECK(p.bytes_recv_max() == 2 * bytes * 3 / 4);
+  // The message count of a reduction (docs/planner.md) puts the ring all-reduce at the bound.
+  CHECK(p.lower_bound_bytes_recv_max() == 2 * bytes * 3 / 4);
 
   // Reduce-scatter: (g-1) times its own output block.
   p = plan("P", "S(0)");
@@ -509,4 +511,28 @@ TEST_CASE("plans on meshes of 1 to 8 dims", "[planner]") {
     CHECK(state == to);
     CHECK(p.bytes_recv_max() >= p.lower_bound_bytes_recv_max());
   }
+}
+
+TEST_CASE("reduction bound: message count of merging and spreading each element", "[planner]") {
+  const Shape shape{64, 32};
+  const std::int64_t bytes = 64 * 32 * 4;  // f32
+  auto bound = [&](const DeviceMesh& m, const char* a, const char* b) {
+    return lower_bound_bytes_recv_max(layout(m, a, shape), layout(m, b, shape));
+  };
+  const DeviceMesh m22({2, 2});
+  // 4 parts to 4 ranks: 6 messages per element over 4 ranks, the hierarchical all-reduce.
+  CHECK(bound(m22, "P,P", "R,R") == bytes * 6 / 4);
+  // 2 parts (replicated) to 4 ranks: 4 messages per element, one all-reduce of mesh dim 0.
+  CHECK(bound(m22, "P,R", "R,R") == bytes);
+  // A kept Partial splits the ranks into independent classes of 2.
+  CHECK(bound(m22, "P,P", "R,P") == bytes);
+  // A Partial made by the target lets its group split the work: the older, weaker bound.
+  CHECK(bound(m22, "P,R", "R,P") < bytes);
+  // Uneven: 70 elements on 4 ranks, 105 messages each; the ring's pieces (18, 18, 17, 17)
+  // give its busiest rank 106.
+  const DeviceMesh m4({4});
+  const Layout src = layout(m4, "P", Shape{7, 10});
+  const Layout dst = layout(m4, "R", Shape{7, 10});
+  CHECK(lower_bound_bytes_recv_max(src, dst) == 105 * 4);
+  CHECK(plan_redistribute(src, dst).bytes_recv_max() == 106 * 4);
 }

@@ -100,8 +100,9 @@ class BatchPlan {
   [[nodiscard]] constexpr auto begin() const noexcept { return plans_.begin(); }
   [[nodiscard]] constexpr auto end() const noexcept { return plans_.end(); }
   // The rounds, in the order every rank runs them.
-  [[nodiscard]] constexpr std::span<const BatchRound> rounds() const noexcept {
-    return {rounds_.begin(), rounds_.size()};
+  [[nodiscard]] constexpr const detail::static_vector<BatchRound, max_rounds>& rounds()
+      const noexcept {
+    return rounds_;
   }
   // The round of step `i` of tensor t's plan, or -1 for a local step.
   [[nodiscard]] constexpr int round_of(std::size_t t, std::size_t i) const {

@@ -215,7 +215,7 @@ class DeviceMesh {
 
   MeshShape extents_;
   MeshShape strides_;
-  Name names_[max_mesh_dims] = {};
+  Name names_[max_mesh_dims];
   int offset_ = 0;
   int size_ = 1;
 };

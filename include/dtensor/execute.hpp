@@ -113,7 +113,7 @@ MeshCoord check_run(const Plan& plan, const B& backend, std::size_t src_bytes,
   if (!(backend.mesh() == plan.src().mesh()))
     fail<why::backend_mesh_mismatch>(backend.mesh().shape(), plan.src().mesh().shape());
   const int rank = backend.rank();
-  const MeshCoord me = plan.src().mesh().coordinate(rank);
+  MeshCoord me = plan.src().mesh().coordinate(rank);
   const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
   const std::size_t need_src = bytes_of(plan.src().local_box(me), elem);
   const std::size_t need_dst = bytes_of(plan.dst().local_box(me), elem);

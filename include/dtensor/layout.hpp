@@ -159,15 +159,19 @@ class Layout {
     Box box;
     box.shape = shape_;
     box.offset.resize(shape_.size(), 0);
-    for (int i = 0; i < depth; ++i) {
-      const Placement& p = placements[i];
-      if (!p.is_shard()) continue;
-      const int d = p.dim();
-      const Range r = chunk_range(box.shape[d], mesh_.size(i), coord.at(i), policy_);
-      box.offset[d] += r.start;
-      box.shape[d] = r.size;
-    }
+    for (int i = 0; i < depth; ++i) cut(box, placements, coord, i);
     return box;
+  }
+  // Cuts `box` by the shard of mesh dim `mesh_dim` under `placements`, if any: one level of
+  // outer_box's nesting (outer_box(ps, c, k + 1) is outer_box(ps, c, k) cut by mesh dim k).
+  constexpr void cut(Box& box, const Placements& placements, const MeshCoord& coord,
+                     int mesh_dim) const {
+    const Placement& p = placements[static_cast<std::size_t>(mesh_dim)];
+    if (!p.is_shard()) return;
+    const auto d = static_cast<std::size_t>(p.dim());
+    const Range r = chunk_range(box.shape[d], mesh_.size(mesh_dim), coord.at(mesh_dim), policy_);
+    box.offset[d] += r.start;
+    box.shape[d] = r.size;
   }
   // The block of the global tensor held by global rank `rank`.
   [[nodiscard]] constexpr Box local_box(int rank) const {

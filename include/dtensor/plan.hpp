@@ -127,6 +127,7 @@ class Plan {
 
   // The empty plan of a default Layout: what arrays of plans start as.
   constexpr Plan() = default;
+  // NOLINTNEXTLINE(modernize-pass-by-value): a Layout's move is its copy
   constexpr Plan(const Layout& src, const Layout& dst) : src_(src), dst_(dst) {}
 
   [[nodiscard]] constexpr const Layout& src() const noexcept { return src_; }

@@ -330,6 +330,36 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
   return bound;
 }
 
+// Elements some rank must receive to reduce a Partial source into a target whose Partial dims
+// all keep the source's (none is made), whatever the plan: 0 when no Partial is reduced or a
+// target Partial is made. Messages carry one element's partial reductions. Ranks that agree on
+// the kept Partial dims form independent classes. In a class, an element has G distinct parts
+// (G: the product of the reduced mesh dims' extents, one part per rank) and T ranks whose target
+// block holds it. Before any rank knows the full value, G-1 messages must merge the parts (a
+// rank knowing m+1 parts has m messages in its past); after it, each of the other T-1 targets
+// receives at least one more. Summed over the elements, sum(T) is the tensor times the product
+// R of the extents of the target's Replicate dims, so a class receives (G-2+R) x numel and its
+// busiest rank at least that over the class size: for one mesh dim, exactly the ring
+// all-reduce's 2(g-1)/g and reduce-scatter's (g-1)/g of the tensor.
+constexpr std::int64_t reduction_elements(const Layout& src, const Layout& dst) {
+  const DeviceMesh& mesh = src.mesh();
+  std::int64_t parts = 1, replicas = 1, classes = 1;
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    const Placement a = src.placement(k), b = dst.placement(k);
+    if (a.is_partial() && a == b) {
+      classes *= mesh.size(k);
+      continue;
+    }
+    if (b.is_partial()) return 0;  // a target Partial made here: its group splits the work
+    if (a.is_partial()) parts *= mesh.size(k);
+    if (b.is_replicate()) replicas *= mesh.size(k);
+  }
+  if (parts == 1) return 0;
+  const std::int64_t class_size = mesh.size() / classes;
+  const std::int64_t total = bytes_mul(parts - 2 + replicas, src.global_numel());
+  return bytes_add(total, class_size - 1) / class_size;
+}
+
 // lower_bound_elements for layouts without Partial, in O(tensor dims x mesh dims): the elements
 // of the target block of the rank at `coord` its source block lacks, from the ranges each
 // side's shards cut along every tensor dim (nested outermost first, as Layout::local_box).
@@ -543,16 +573,21 @@ struct plan_builder {
         s.padded = true;
       } else if (o.objective == Objective::time) {
         double padded_us = 0, exact_us = 0;
-        for (int r = 0; r < mesh.size(); ++r) {
-          const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
-          const double p =
-              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, o.cost_model).us;
-          const double e =
-              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
-                  .us;
-          padded_us = p > padded_us ? p : padded_us;
-          exact_us = e > exact_us ? e : exact_us;
-        }
+        const bool all[max_mesh_dims] = {};
+        for_each_coord(
+            mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), all,
+            [&](const MeshCoord& c) {
+              const Box have = base.local_box(s.before, c);
+              const Box want = base.local_box(s.after, c);
+              const double p = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c,
+                                              have, want, o.cost_model)
+                                   .us;
+              const double e = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c,
+                                              have, want, o.cost_model)
+                                   .us;
+              padded_us = p > padded_us ? p : padded_us;
+              exact_us = e > exact_us ? e : exact_us;
+            });
         s.padded = padded_us < exact_us;
       }
     }
@@ -566,28 +601,39 @@ struct plan_builder {
     }
     plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
     const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+    const bool by_bytes = o.objective == Objective::bytes;
+    const double us_limit = incumbent != nullptr ? incumbent->est_us() * (1 + 1e-9) + 1e-9 : 0;
     for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
       RankBytes total;
       double us = 0;
+      // The rank's block before each step is its block after the one before.
+      Box have = base.local_box(base.placements(), c);
       for (Step& s : plan.steps_) {
         if (moves_data(s.kind)) {
+          const Box want = base.local_box(s.after, c);
           const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                                 s.padded, c, o.cost_model);
+                                                 s.padded, c, have, want, o.cost_model);
+          have = want;
           total.send = bytes_add(total.send, rc.bytes.send);
           total.recv = bytes_add(total.recv, rc.bytes.recv);
           s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
           s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
           s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+        } else if (s.kind != StepKind::identity) {
+          have = base.local_box(s.after, c);
         }
         us += s.est_us;
+        // Every later step only adds: stop as soon as this plan cannot beat the incumbent.
+        if (incumbent != nullptr &&
+            (by_bytes ? max_of(plan.bytes_recv_max_, total.recv) > incumbent->bytes_recv_max()
+                      : us > us_limit)) {
+          plan.pruned_ = true;
+          return false;
+        }
       }
       plan.bytes_recv_max_ = max_of(plan.bytes_recv_max_, total.recv);
       plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
-      if (incumbent == nullptr) return true;
-      plan.pruned_ = o.objective == Objective::bytes
-                         ? plan.bytes_recv_max_ > incumbent->bytes_recv_max()
-                         : us > incumbent->est_us() * (1 + 1e-9) + 1e-9;
-      return !plan.pruned_;
+      return true;
     });
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
@@ -703,6 +749,10 @@ constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layou
                                            : detail::lower_bound_elements(src, dst, c);
         most = e > most ? e : most;
       });
+  if (!blocks_only) {
+    const std::int64_t e = detail::reduction_elements(src, dst);
+    most = e > most ? e : most;
+  }
   return detail::bytes_mul(most, src.elem_bytes());
 }
 

@@ -305,14 +305,15 @@ inline void copy_box(const void* src, const Shape& src_shape, const Shape& src_a
   std::int64_t s[max_tensor_dims], d[max_tensor_dims];
   detail::row_major_strides(src_shape, s);
   detail::row_major_strides(dst_shape, d);
-  std::int64_t src_base = 0, dst_base = 0;
+  std::int64_t src_base = 0, dst_base = 0, ext[max_tensor_dims];
   for (int k = 0; k < nd; ++k) {
     src_base += src_at[k] * s[k];
     dst_base += dst_at[k] * d[k];
+    ext[k] = extent[k];
   }
   const auto e = static_cast<std::int64_t>(elem);
   copy_strided(static_cast<const std::byte*>(src) + src_base * e,
-               static_cast<std::byte*>(dst) + dst_base * e, nd, extent.data(), s, d, elem, stream);
+               static_cast<std::byte*>(dst) + dst_base * e, nd, ext, s, d, elem, stream);
 }
 
 namespace detail {

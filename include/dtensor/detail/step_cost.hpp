@@ -119,22 +119,23 @@ struct ExchangeCost {
 // first differ from it on mesh dim k hold the part of its target block inside box V_k but
 // outside V_(k+1), where V_k is cut by the source's shards of mesh dims before k (V_0 is the
 // tensor, V_n its own block): elements and messages per link class in O(mesh dims).
+// `have` and `want` are the rank's blocks before and after.
 constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& before,
                                      const Placements& after, const MeshCoord& coord,
-                                     const CostModel& cost) {
+                                     const Box& have, const Box& want, const CostModel& cost) {
   ExchangeCost out;
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim();
   const int nd = base.tensor_ndim();
-  const Box want = base.local_box(after, coord);
   if (!want.empty()) {
     std::int64_t inside_prev = want.numel();  // |want ∩ V_0|
     std::int64_t tiles_prev = 1;
     for (int d = 0; d < nd; ++d)
       tiles_prev *= pieces_overlapping(base, before, 0, d, {0, base.global_shape()[d]},
                                        {want.offset[d], want.shape[d]});
+    Box v = base.outer_box(before, coord, 0);  // V_0, then V_(k+1) from V_k
     for (int k = 0; k < n; ++k) {
-      const Box v = base.outer_box(before, coord, k + 1);
+      base.cut(v, before, coord, k);
       const std::int64_t inside = overlap_numel(want, v);
       std::int64_t tiles = 1;
       for (int d = 0; d < nd; ++d)
@@ -154,7 +155,6 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   // Sends: to every receiver that picks this rank, the part of its block this rank holds. The
   // receivers vary on the source's shard dims; those that do not shard in the target get
   // copies of the same block.
-  const Box have = base.local_box(before, coord);
   if (!have.empty()) {
     bool fixed[max_mesh_dims] = {};
     std::int64_t copies = 1;
@@ -171,16 +171,18 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   return out;
 }
 
-// Bytes and time of one step for the rank at `coord`. `padded` pads uneven pieces to the
-// group's largest; otherwise the step moves exact sizes in point-to-point rounds.
-// `base` gives the mesh, shape, dtype and policy; `before` and `after` the placements.
+// Bytes and time of one step for the rank at `coord`, whose blocks before and after the step
+// are `mine_before` and `mine_after`. `padded` pads uneven pieces to the group's largest;
+// otherwise the step moves exact sizes in point-to-point rounds. `base` gives the mesh, shape,
+// dtype and policy; `before` and `after` the placements.
 constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& before,
                                       const Placements& after, StepKind kind, int k, bool padded,
-                                      const MeshCoord& coord, const CostModel& cost) {
+                                      const MeshCoord& coord, const Box& mine_before,
+                                      const Box& mine_after, const CostModel& cost) {
   RankStepCost out;
   const std::int64_t elem = base.elem_bytes();
   if (kind == StepKind::exchange) {
-    const ExchangeCost e = exchange_cost(base, before, after, coord, cost);
+    const ExchangeCost e = exchange_cost(base, before, after, coord, mine_before, mine_after, cost);
     out.bytes = {bytes_mul(e.send, elem), bytes_mul(e.recv, elem)};
     out.us = e.us;
     return out;
@@ -191,8 +193,6 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   // is the innermost to cut the tensor dims it changes, and the block after (or before, for
   // a reduce-scatter) spans the whole group's range of them.
   const int g = base.mesh().size(k);
-  const Box mine_before = base.local_box(before, coord);
-  const Box mine_after = base.local_box(after, coord);
   const std::int64_t own_before = mine_before.numel(), own_after = mine_after.numel();
   // The group's largest piece along tensor dim d of a range of n elements, and whether the
   // pieces differ.
@@ -248,6 +248,15 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   const double latency = !padded && uneven ? cost.p2p_latency_factor : 1.0;
   out.us = cost.dims[k].time_us(messages * latency, double(out.bytes.recv));
   return out;
+}
+
+// As above, with the rank's blocks computed here.
+constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& before,
+                                      const Placements& after, StepKind kind, int k, bool padded,
+                                      const MeshCoord& coord, const CostModel& cost) {
+  if (!moves_data(kind) || (kind != StepKind::exchange && base.mesh().size(k) == 1)) return {};
+  return rank_step_cost(base, before, after, kind, k, padded, coord, base.local_box(before, coord),
+                        base.local_box(after, coord), cost);
 }
 
 // Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
