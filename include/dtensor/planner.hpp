@@ -562,13 +562,21 @@ struct plan_builder {
       all_even = all_even && is_even(base, s.after);
       has_exchange |= s.kind == StepKind::exchange;
     }
+    auto may_pad = [&](const Step& s) {
+      return moves_data(s.kind) && !all_even && s.kind != StepKind::exchange &&
+             s.kind != StepKind::all_reduce && o.padding != Padding::never;
+    };
+    const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+    if (incumbent != nullptr && o.objective == Objective::time && !all_even &&
+        o.padding == Padding::automatic && loses_on(plan, origin, may_pad, *incumbent)) {
+      plan.pruned_ = true;
+      return;
+    }
     for (Step& s : plan.steps_) {
       s.padded = false;
       s.bytes_recv_max = s.bytes_send_max = 0;
       s.est_us = 0;
-      if (!moves_data(s.kind) || all_even || s.kind == StepKind::exchange ||
-          s.kind == StepKind::all_reduce || o.padding == Padding::never)
-        continue;
+      if (!may_pad(s)) continue;
       if (o.padding == Padding::always) {
         s.padded = true;
       } else if (o.objective == Objective::time) {
@@ -600,7 +608,6 @@ struct plan_builder {
       for (const Step& s : plan.steps_) fixed[k] = fixed[k] && !s.after[k].is_shard();
     }
     plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
-    const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
     const bool by_bytes = o.objective == Objective::bytes;
     const double us_limit = incumbent != nullptr ? incumbent->est_us() * (1 + 1e-9) + 1e-9 : 0;
     for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
@@ -637,6 +644,39 @@ struct plan_builder {
     });
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
+  }
+
+  // Whether the plan's time (objective time, padding chosen per step) cannot beat the
+  // incumbent's, from one rank alone: each step's time is at least what it costs the rank at
+  // `c` padded or exact, whichever is less. Spares a losing candidate the choice of padding,
+  // which costs every step on every rank.
+  template <class MayPad>
+  static constexpr bool loses_on(const Plan& plan, const MeshCoord& c, MayPad may_pad,
+                                 const Plan& incumbent) {
+    const Layout& base = plan.src_;
+    const CostModel& model = plan.options_.cost_model;
+    const double limit = incumbent.est_us() * (1 + 1e-9) + 1e-9;
+    double us = 0;
+    Box have = base.local_box(base.placements(), c);
+    for (const Step& s : plan.steps_) {
+      if (s.kind == StepKind::identity) continue;
+      const Box want = base.local_box(s.after, c);
+      if (moves_data(s.kind)) {
+        double step_us =
+            rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have, want, model)
+                .us;
+        if (may_pad(s)) {
+          const double padded_us = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true,
+                                                  c, have, want, model)
+                                       .us;
+          step_us = padded_us < step_us ? padded_us : step_us;
+        }
+        us += step_us;
+        if (us > limit) return true;
+      }
+      have = want;
+    }
+    return false;
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
