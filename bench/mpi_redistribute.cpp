@@ -1,5 +1,6 @@
 // A redistribution over MPI against the bare MPI collective moving the same bytes, per message
-// size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute
+// size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute [runs]
+// [collective] (only the rows whose collective starts with that name, e.g. all_to_all)
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
+  const std::string_view only = argc > 2 ? argv[2] : "";
   const DeviceMesh mesh({size});
   MpiBackend backend(mesh);
   struct Case {
@@ -35,7 +37,10 @@ int main(int argc, char** argv) {
   const Case cases[] = {{"all_gather", "S(0)", "R", double(size - 1) / size},
                         {"reduce_scatter", "P", "S(0)", double(size - 1) / size},
                         {"all_reduce", "P", "R", 2.0 * (size - 1) / size},
-                        {"all_to_all", "S(0)", "S(1)", double(size - 1) / size}};
+                        {"all_to_all", "S(0)", "S(1)", double(size - 1) / size},
+                        // The same plan against MPI_Alltoall sending the same strided pieces
+                        // with a derived datatype, as a hand-written MPI program would.
+                        {"all_to_all_dtype", "S(0)", "S(1)", double(size - 1) / size}};
   if (rank == 0)
     fmt::print(
         "# {} ranks, f32, median of {} runs; size = bytes per rank of the larger side\n"
@@ -43,6 +48,7 @@ int main(int argc, char** argv) {
         size, iterations, "collective", "size", "dtensor us", "bare MPI us", "algbw", "busbw",
         "ratio");
   for (const Case& c : cases) {
+    if (!c.name.starts_with(only)) continue;
     for (std::int64_t mib : {1, 4, 16, 64}) {
       // A [rows, 1024] f32 tensor whose larger per-rank side is `mib` MiB.
       const std::int64_t row_bytes = 1024 * 4;
@@ -57,6 +63,14 @@ int main(int argc, char** argv) {
           iterations);
       // The bare collective on the same buffers.
       const auto count = static_cast<int>(std::min(in.size(), out.size()));
+      // all_to_all_dtype: member j's piece is columns [j * 1024 / size, (j + 1) * 1024 / size)
+      // of every local row.
+      const int run = 1024 / size * 4;
+      MPI_Datatype vector = MPI_DATATYPE_NULL, columns = MPI_DATATYPE_NULL;
+      MPI_Type_create_hvector(static_cast<int>(in.size() / 1024), run, 1024 * 4, MPI_BYTE, &vector);
+      MPI_Type_create_resized(vector, 0, run, &columns);
+      MPI_Type_commit(&columns);
+      MPI_Type_free(&vector);
       const double bare = bench::median_seconds(
           [&] {
             if (c.name == "all_gather")
@@ -67,11 +81,15 @@ int main(int argc, char** argv) {
                                        MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             else if (c.name == "all_reduce")
               MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            else
+            else if (c.name == "all_to_all")
               MPI_Alltoall(in.data(), static_cast<int>(in.size()) / size, MPI_FLOAT, out.data(),
                            static_cast<int>(in.size()) / size, MPI_FLOAT, MPI_COMM_WORLD);
+            else
+              MPI_Alltoall(in.data(), 1, columns, out.data(), static_cast<int>(in.size()) / size,
+                           MPI_FLOAT, MPI_COMM_WORLD);
           },
           iterations);
+      MPI_Type_free(&columns);
       const double bytes = double(std::max(in.size(), out.size()) * sizeof(float));
       const double algbw = bytes / ours / 1e9;
       if (rank == 0)

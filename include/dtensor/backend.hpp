@@ -156,6 +156,33 @@ concept StreamBackend = Backend<B> && requires(B& b) {
   b.record().wait();
 };
 
+// Where one member's pieces of an all-to-all lie in its send buffer when they are not packed:
+// piece j (the one for member j) is `rows` runs of `run_bytes` bytes, run r starting at byte
+// j * run_bytes + r * stride_bytes. The g pieces of a row-major block along one of its dims
+// are this, with stride_bytes = g * run_bytes (pieces_along in detail/step_runners.hpp).
+struct StridedPieces {
+  std::size_t rows = 0;
+  std::size_t run_bytes = 0;
+  std::size_t stride_bytes = 0;
+  // Bytes of one piece, as it arrives (contiguous) at its member.
+  [[nodiscard]] constexpr std::size_t piece_bytes() const noexcept { return rows * run_bytes; }
+};
+
+// A backend that sends an all-to-all's pieces from where they lie, without packing them
+// (optional: execute() packs and calls all_to_all where a backend lacks it).
+// `all_to_all_strided(mesh_dim, send, recv, pieces)` is `all_to_all(mesh_dim, packed, recv,
+// pieces.piece_bytes())` where `packed` would hold `send`'s pieces (StridedPieces) made
+// contiguous, one after another; every member's pieces have the same piece_bytes(), and `recv`
+// is contiguous. An AsyncBackend also starts it: `start_all_to_all_strided`, same arguments.
+template <class B>
+concept StridedAllToAll = Backend<B> &&
+    requires(B& b, int mesh_dim, const void* send, void* recv, StridedPieces p) {
+  b.all_to_all_strided(mesh_dim, send, recv, p);
+} &&(!AsyncBackend<B> ||
+     requires(B & b, int mesh_dim, const void* send, void* recv, StridedPieces p) {
+       { b.start_all_to_all_strided(mesh_dim, send, recv, p) } -> std::same_as<typename B::Request>;
+     });
+
 namespace detail {
 // After an error on this rank: a backend that can abort (`abort(why)`, or NCCL's `abort()`) does,
 // so that the other ranks get an error instead of waiting for this one.

@@ -59,7 +59,10 @@ std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
                         {"S(0),S(1)", "S(1),S(0)", {16, 16}, DType::f64},
                         {"R,S(0)", "P(max),S(1)", {8, 8}, DType::i32},
                         {"P,P", "S(0),S(1)", {10, 9}, DType::f32},
-                        {"S(1),R", "S(1),R", {4, 4}, DType::f32}};
+                        {"S(1),R", "S(1),R", {4, 4}, DType::f32},
+                        // all-to-alls whose send pieces go strided (StridedAllToAll)
+                        {"R,S(0)", "R,S(1)", {8, 16}, DType::f32},
+                        {"S(0),R", "S(1),R", {16, 8}, DType::bf16}};
   std::vector<Job> jobs;
   const int rank = backend.rank();
   for (const Case& c : cases) {

@@ -190,7 +190,32 @@ int main(int argc, char** argv) {
     check.agree("nothing left in flight", backend.executions().empty(), "executions in flight");
   }
 
-  // 5. And a fresh backend afterwards works.
+  // 5. The same with an all-to-all whose pieces MPI reads strided from the source (a derived
+  //    datatype, StridedAllToAll): rank 6 never comes, the others time out, the sources stay.
+  {
+    const DeviceMesh line({size});  // one group: every rank waits for rank 6
+    const Layout rows(line, parse_placements("S(0)"), {16, 32}, DType::f32);
+    const Layout cols(line, parse_placements("S(1)"), {16, 32}, DType::f32);
+    const Plan strided = plan_redistribute(rows, cols);
+    MpiBackend backend(line, MPI_COMM_WORLD, MpiBackend::Options{300ms});
+    std::vector<float>& src = buffers.emplace_back(global_view_block<float>(rows, rank));
+    const std::vector<float> given = src;
+    std::vector<float>& out =
+        buffers.emplace_back(static_cast<std::size_t>(cols.local_numel(rank)));
+    auto run = [&] {
+      execute(strided, backend, src.data(), src.size() * 4, out.data(), out.size() * 4);
+    };
+    Outcome o;
+    if (rank != 6) o = attempt(run);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 6) o = attempt(run);
+    const bool named = contains(o.message, "did not complete within 300 ms") ||
+                       contains(o.message, "MpiBackend aborted");
+    check.agree("a strided all-to-all times out", o.threw && named, o.message);
+    check.agree("the strided source unchanged", src == given, "source written");
+  }
+
+  // 6. And a fresh backend afterwards works.
   {
     MpiBackend backend(mesh);
     std::vector<float>& src = buffers.emplace_back(original);

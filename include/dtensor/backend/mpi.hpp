@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -101,10 +102,48 @@ class MpiHostOps : public HostOps {
   const bool* aborted_;
 };
 
+// An MPI derived datatype, freed when it goes (unless MPI has been finalized); release()
+// forgets it unfreed (an abandoned operation may still use it).
+class MpiType {
+ public:
+  MpiType() = default;
+  MpiType(MpiType&& other) noexcept : type_(std::exchange(other.type_, MPI_DATATYPE_NULL)) {}
+  MpiType& operator=(MpiType&& other) noexcept {
+    if (this != &other) {
+      reset();
+      type_ = std::exchange(other.type_, MPI_DATATYPE_NULL);
+    }
+    return *this;
+  }
+  MpiType(const MpiType&) = delete;
+  MpiType& operator=(const MpiType&) = delete;
+  ~MpiType() { reset(); }
+
+  [[nodiscard]] MPI_Datatype get() const noexcept { return type_; }
+  // Where MPI writes a new type (the old one freed first).
+  [[nodiscard]] MPI_Datatype* out() noexcept {
+    reset();
+    return &type_;
+  }
+  // The type itself, for MPI_Type_commit.
+  [[nodiscard]] MPI_Datatype* handle() noexcept { return &type_; }
+  void reset() noexcept {
+    if (type_ == MPI_DATATYPE_NULL) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized == 0) MPI_Type_free(&type_);
+    type_ = MPI_DATATYPE_NULL;
+  }
+  void release() noexcept { type_ = MPI_DATATYPE_NULL; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
 }  // namespace detail
 
-// One rank of a mesh whose ranks are the ranks of an MPI communicator; satisfies Backend and
-// AsyncBackend.
+// One rank of a mesh whose ranks are the ranks of an MPI communicator; satisfies Backend,
+// AsyncBackend and StridedAllToAll.
 class MpiBackend {
  public:
   static constexpr MemorySpace memory = MemorySpace::host;
@@ -168,6 +207,7 @@ class MpiBackend {
         wide_in_ = std::move(other.wide_in_);
         wide_out_ = std::move(other.wide_out_);
         then_ = std::move(other.then_);
+        send_type_ = std::move(other.send_type_);
         deadline_ = other.deadline_;
         call_ = other.call_;
       }
@@ -185,11 +225,13 @@ class MpiBackend {
     std::vector<MPI_Request> requests_;
     std::vector<std::byte> wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
     std::function<void()> then_;
+    detail::MpiType send_type_;  // a strided all-to-all's send pieces
     std::optional<std::chrono::steady_clock::time_point> deadline_;
 
     void abandon() noexcept {
       if (requests_.empty()) return;
       requests_.clear();
+      send_type_.release();
       detail::keep_until_exit(nullptr, std::move(wide_in_));
       detail::keep_until_exit(nullptr, std::move(wide_out_));
     }
@@ -227,6 +269,10 @@ class MpiBackend {
     Request r = start_exchange(sends, recvs);
     wait(r);
   }
+  void all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
+    Request r = start_all_to_all_strided(mesh_dim, send, recv, pieces);
+    wait(r);
+  }
 
   // The same operations started and finished later (AsyncBackend), with MPI's nonblocking
   // collectives: execute_async overlaps them with the caller's work.
@@ -254,6 +300,34 @@ class MpiBackend {
     Request r = begin("MPI_Ialltoall");
     const int n = count_of(bytes, r.call_);
     must(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
+                       &r.requests_.emplace_back()),
+         r.call_);
+    return r;
+  }
+  // An all-to-all whose send pieces MPI reads where they lie (StridedAllToAll): one derived
+  // datatype, `rows` runs of `run_bytes` bytes `stride_bytes` apart, resized to an extent of
+  // `run_bytes` so that MPI_Ialltoall's piece j starts at j * run_bytes; freed once finished.
+  Request start_all_to_all_strided(int mesh_dim, const void* send, void* recv,
+                                   StridedPieces pieces) {
+    if (pieces.rows <= 1 || pieces.run_bytes == 0)  // contiguous pieces, or none
+      return start_all_to_all(mesh_dim, send, recv, pieces.piece_bytes());
+    Request r = begin("MPI_Ialltoall");
+    const MPI_Comm comm = group(mesh_dim);
+    const int rows = count_of(pieces.rows, r.call_), run = count_of(pieces.run_bytes, r.call_);
+    if (pieces.rows > static_cast<std::size_t>(INT_MAX) / pieces.run_bytes ||
+        pieces.stride_bytes > static_cast<std::size_t>(std::numeric_limits<MPI_Aint>::max()))
+      throw error(std::string(r.call_) + ": pieces of " + std::to_string(pieces.rows) +
+                  " runs of " + std::to_string(pieces.run_bytes) + " bytes, " +
+                  std::to_string(pieces.stride_bytes) + " apart, exceed MPI's counts");
+    const int n = rows * run;
+    detail::MpiType vector;
+    must(MPI_Type_create_hvector(rows, run, static_cast<MPI_Aint>(pieces.stride_bytes), MPI_BYTE,
+                                 vector.out()),
+         "MPI_Type_create_hvector");
+    must(MPI_Type_create_resized(vector.get(), 0, run, r.send_type_.out()),
+         "MPI_Type_create_resized");
+    must(MPI_Type_commit(r.send_type_.handle()), "MPI_Type_commit");
+    must(MPI_Ialltoall(send, 1, r.send_type_.get(), recv, n, MPI_BYTE, comm,
                        &r.requests_.emplace_back()),
          r.call_);
     return r;
@@ -502,6 +576,7 @@ class MpiBackend {
 
   void finish(Request& r) {
     r.requests_.clear();
+    r.send_type_.reset();
     r.wide_in_ = {};
     if (r.then_) std::exchange(r.then_, nullptr)();
     r.wide_out_ = {};

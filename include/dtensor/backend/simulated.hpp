@@ -97,6 +97,7 @@ class BasicSimulatedWorld {
     std::vector<const void*> send;
     std::vector<void*> recv;
     std::vector<std::size_t> size;
+    std::vector<StridedPieces> pieces;  // where an all-to-all's send pieces lie
     std::vector<std::vector<SendMessage>> messages;
     std::array<std::vector<const void*>, 3> fence;
     int arrived = 0;
@@ -111,6 +112,7 @@ class BasicSimulatedWorld {
       m.send.resize(n);
       m.recv.resize(n);
       m.size.resize(n);
+      m.pieces.resize(n);
       m.messages.resize(n);
       for (auto& f : m.fence) f.resize(n);
     }
@@ -216,14 +218,15 @@ class BasicSimulatedBackend {
 
   void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
-    Meeting& m = enter(g, mesh_dim, send, recv, bytes);
-    for (int j = 0; j < g.size && bytes > 0; ++j)
-      local_ops().copy(static_cast<std::byte*>(recv) + j * bytes,
-                       static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
-                           static_cast<std::size_t>(g.index) * bytes,
-                       bytes);
-    const auto moved = static_cast<std::int64_t>((g.size - 1) * bytes);
-    leave(m, g, moved, moved);
+    all_to_all_pieces(mesh_dim, send, recv, {1, bytes, static_cast<std::size_t>(g.size) * bytes});
+  }
+
+  // all_to_all with the send pieces where they lie (StridedAllToAll): each run copied from the
+  // member's buffer, the bytes counted as all_to_all's. On host memory only; a device lane packs,
+  // as NCCL does.
+  void all_to_all_strided(int mesh_dim, const void* send, void* recv,
+                          StridedPieces pieces) requires(Lane::memory == MemorySpace::host) {
+    all_to_all_pieces(mesh_dim, send, recv, pieces);
   }
 
   void exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
@@ -266,12 +269,14 @@ class BasicSimulatedBackend {
       if (j != g.index) lane_->await(tokens[static_cast<std::size_t>(j)]);
   }
 
-  Meeting& enter(const MeshGroup& g, int mesh_dim, const void* send, void* recv, std::size_t size) {
+  Meeting& enter(const MeshGroup& g, int mesh_dim, const void* send, void* recv, std::size_t size,
+                 StridedPieces pieces = {}) {
     Meeting& m = world_->meeting(mesh_dim, g.first, g.size);
     const auto i = static_cast<std::size_t>(g.index);
     m.send[i] = send;
     m.recv[i] = recv;
     m.size[i] = size;
+    m.pieces[i] = pieces;
     sync(m, g, 0);
     for (int j = 0; j < g.size; ++j) {
       if (m.size[static_cast<std::size_t>(j)] != size) {
@@ -282,6 +287,25 @@ class BasicSimulatedBackend {
       }
     }
     return m;
+  }
+
+  // An all-to-all whose send pieces lie as `pieces` says (every member's may lie differently):
+  // member j's piece for this rank goes to j * piece_bytes of `recv`, run by run.
+  void all_to_all_pieces(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    const std::size_t bytes = pieces.piece_bytes();
+    Meeting& m = enter(g, mesh_dim, send, recv, bytes, pieces);
+    for (int j = 0; j < g.size && bytes > 0; ++j) {
+      const StridedPieces& theirs = m.pieces[static_cast<std::size_t>(j)];
+      const auto* from = static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
+                         static_cast<std::size_t>(g.index) * theirs.run_bytes;
+      std::byte* to = static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * bytes;
+      for (std::size_t r = 0; r < theirs.rows; ++r)
+        local_ops().copy(to + r * theirs.run_bytes, from + r * theirs.stride_bytes,
+                         theirs.run_bytes);
+    }
+    const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
+    leave(m, g, moved, moved);
   }
 
   // Every member's send buffer, `offset` bytes in, in group order.

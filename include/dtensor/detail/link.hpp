@@ -131,6 +131,22 @@ struct AllToAllCall {
   }
 };
 
+// An all-to-all whose send pieces are strided (StridedPieces), on a StridedAllToAll backend.
+struct AllToAllStridedCall {
+  int mesh_dim = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  StridedPieces pieces;
+  template <class B>
+  void run(B& b) const {
+    b.all_to_all_strided(mesh_dim, send, recv, pieces);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_all_to_all_strided(mesh_dim, send, recv, pieces);
+  }
+};
+
 // The messages must stay where they are until the exchange finishes (they do: the step that
 // awaits it owns them).
 struct ExchangeCall {
@@ -171,6 +187,18 @@ struct Link {
                               std::span<const RecvMessage> recvs) const {
     return Operation<B, ExchangeCall>(*this, {sends, recvs});
   }
+  // Only where the backend sends strided pieces itself (StridedAllToAll).
+  [[nodiscard]] auto all_to_all_strided(int k, const void* send, void* recv,
+                                        StridedPieces pieces) const requires StridedAllToAll<B> {
+    return Operation<B, AllToAllStridedCall>(*this, {k, send, recv, pieces});
+  }
+};
+
+// A link whose all-to-all can send strided pieces unpacked (a Link on a StridedAllToAll
+// backend; a batch's link packs).
+template <class L>
+concept StridedLink = requires(const L& link, const void* send, void* recv, StridedPieces p) {
+  link.all_to_all_strided(0, send, recv, p);
 };
 
 }  // namespace dtensor::detail

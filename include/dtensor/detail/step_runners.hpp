@@ -52,6 +52,17 @@ inline bool slabs_along(const Shape& shape, int d) {
   return true;
 }
 
+// The g equal pieces of a row-major block of `shape` along dim d where they lie (pack_pieces
+// would make them contiguous): one run of the piece per index of the dims before d.
+inline StridedPieces pieces_along(const Shape& shape, int d, int g, std::size_t elem) {
+  std::size_t rows = 1, inner = elem;
+  for (int i = 0; i < d; ++i) rows *= static_cast<std::size_t>(shape[i]);
+  for (std::size_t i = static_cast<std::size_t>(d) + 1; i < shape.size(); ++i)
+    inner *= static_cast<std::size_t>(shape[i]);
+  const std::size_t run = static_cast<std::size_t>(shape[d] / g) * inner;
+  return {rows, run, run * static_cast<std::size_t>(g)};
+}
+
 // The block of member j of this rank's group along the step's mesh dim, under `l`.
 inline Box member_box(const StepContext& c, const Layout& l, int j) {
   MeshCoord m = c.me;
@@ -218,20 +229,29 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
     piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
     const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
     // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
-    // (receive).
+    // (receive). Where they are not slabs of the block, a backend that sends strided pieces
+    // (StridedAllToAll) takes them from the block as they lie; otherwise they are packed.
     const bool direct_send = even && slabs_along(c.have.shape, j_dim);
+    const bool strided_send = StridedLink<L> && even && !direct_send;
     const bool direct_recv = even && slabs_along(c.want.shape, i);
-    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
+    auto send = ops.allocate(
+        direct_send || strided_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
     auto recv = ops.allocate(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
-    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
+    if (even && !direct_send && !strided_send)
+      ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
     for (int j = 0; j < g && !even; ++j) {
       const Box part = intersect(c.have, member_box(c, c.after, j));
       ops.copy_box(cur, c.have.shape, relative(part, c.have),
                    send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin,
                    part.shape, c.elem);
     }
-    co_await link.all_to_all(k, direct_send ? cur : send.data(), direct_recv ? out : recv.data(),
-                             piece_bytes);
+    std::byte* const to = direct_recv ? out : recv.data();
+    if constexpr (StridedLink<L>) {
+      if (strided_send)
+        co_await link.all_to_all_strided(k, cur, to, pieces_along(c.have.shape, j_dim, g, c.elem));
+    }
+    if (!strided_send)
+      co_await link.all_to_all(k, direct_send ? cur : send.data(), to, piece_bytes);
     if (even && !direct_recv) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
     for (int j = 0; j < g && !even; ++j) {
       const Box part = intersect(member_box(c, c.before, j), c.want);
