@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,71 @@ struct Pattern {
   const char* mesh;
   std::vector<std::pair<const char*, const char*>> pairs;  // cycled over the tensors
 };
+
+// The floor under a batch: each of its rounds as one bare blocking MPI call on buffers of the
+// round's packed size on this rank (reductions in float, as the backend reduces f16 and bf16),
+// without packing or the executor. Empty when a round is not a plain collective.
+template <std::size_t N>
+std::function<void()> bare_rounds(const BatchPlan<N>& plan, int rank) {
+  struct Call {
+    StepKind kind;
+    MPI_Comm comm;
+    int count;  // bytes for gathers and all-to-alls, floats for reductions (per member for RS)
+    int group;
+  };
+  std::vector<Call> calls;
+  const DeviceMesh& mesh = plan[0].src().mesh();
+  const MeshCoord me = mesh.coordinate(rank);
+  std::size_t largest = 0;
+  for (std::size_t r = 0; r < plan.rounds().size(); ++r) {
+    const BatchRound& round = plan.rounds()[r];
+    const int k = round.mesh_dim;
+    if (k < 0 || round.kind == StepKind::exchange) return {};
+    std::int64_t before = 0, after = 0;
+    for (std::size_t t = 0; t < plan.size(); ++t)
+      for (std::size_t i = 0; i < plan[t].size(); ++i) {
+        if (plan.round_of(t, i) != static_cast<int>(r)) continue;
+        const Plan& p = plan[t];
+        const std::int64_t reduced_elem =
+            round.kind == StepKind::all_gather || round.kind == StepKind::all_to_all
+                ? p.src().elem_bytes()
+                : 4;
+        before += p.src().local_box(p[i].before, me).numel() * reduced_elem;
+        after += p.src().local_box(p[i].after, me).numel() * reduced_elem;
+      }
+    // The ranks of this rank's group on mesh dim k: those equal to it on every other dim.
+    int color = 0;
+    for (int j = 0; j < mesh.ndim(); ++j)
+      if (j != k) color = color * mesh.size(j) + me[j];
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, color, rank, &comm);
+    const int g = mesh.size(k);
+    const std::int64_t count = round.kind == StepKind::all_gather       ? before
+                               : round.kind == StepKind::reduce_scatter ? after / 4
+                               : round.kind == StepKind::all_reduce     ? before / 4
+                                                                        : before / g;
+    calls.push_back({round.kind, comm, static_cast<int>(count), g});
+    largest = std::max(largest, static_cast<std::size_t>(std::max(before, after) * g));
+  }
+  auto in = std::make_shared<std::vector<float>>(largest / 4 + 1, 1.0f);
+  auto out = std::make_shared<std::vector<float>>(largest / 4 + 1);
+  return [calls, in, out] {
+    for (const Call& c : calls) switch (c.kind) {
+        case StepKind::all_gather:
+          MPI_Allgather(in->data(), c.count, MPI_BYTE, out->data(), c.count, MPI_BYTE, c.comm);
+          break;
+        case StepKind::reduce_scatter:
+          MPI_Reduce_scatter_block(in->data(), out->data(), c.count, MPI_FLOAT, MPI_SUM, c.comm);
+          break;
+        case StepKind::all_reduce:
+          MPI_Allreduce(in->data(), out->data(), c.count, MPI_FLOAT, MPI_SUM, c.comm);
+          break;
+        default:
+          MPI_Alltoall(in->data(), c.count, MPI_BYTE, out->data(), c.count, MPI_BYTE, c.comm);
+          break;
+      }
+  };
+}
 
 }  // namespace
 
@@ -54,9 +120,10 @@ int main(int argc, char** argv) {
   if (rank == 0)
     fmt::print(
         "# {} ranks, {} tensors per batch (f32 and bf16), median of {} runs; sizes: the larger "
-        "side per rank\n{:<26} {:<16} {:>13} {:>12} {:>12} {:>12} {:>8}\n",
+        "side per rank; bare: the batch's rounds as bare MPI calls, no packing\n{:<26} {:<16} "
+        "{:>13} {:>12} {:>12} {:>12} {:>8} {:>10}\n",
         size, tensors, iterations, "pattern", "sizes", "collectives", "one by one us", "batched us",
-        "per tensor us", "speedup");
+        "bare us", "speedup", "bare/one");
   for (const std::int64_t smallest : {std::int64_t{4096}, std::int64_t{256}})
     for (const Pattern& p : patterns) {
       const DeviceMesh mesh = parse_mesh(p.mesh);
@@ -100,11 +167,14 @@ int main(int argc, char** argv) {
           iterations);
       const double batched = bench::median_seconds(
           [&] { execute(*plan, backend, std::span<const TensorBuffers>(buffers)); }, iterations);
+      const std::function<void()> bare = bare_rounds(*plan, rank);
+      const double floor = bare ? bench::median_seconds(bare, iterations) : 0;
       if (rank == 0)
-        fmt::print("{:<26} {:<16} {:>5} / {:<5} {:>12.1f} {:>12.1f} {:>12.2f} {:>7.1f}x\n", p.name,
-                   fmt::format("{} B-{} KiB", least, most / 1024), plan->collectives(),
+        fmt::print("{:<26} {:<16} {:>5} / {:<5} {:>12.1f} {:>12.1f} {:>12} {:>7.1f}x {:>10}\n",
+                   p.name, fmt::format("{} B-{} KiB", least, most / 1024), plan->collectives(),
                    plan->collectives_unbatched(), one_by_one * 1e6, batched * 1e6,
-                   batched * 1e6 / tensors, one_by_one / batched);
+                   bare ? fmt::format("{:.1f}", floor * 1e6) : "-", one_by_one / batched,
+                   bare ? fmt::format("{:.1f}x", one_by_one / floor) : "-");
     }
   MPI_Finalize();
   return 0;

@@ -14,8 +14,10 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -514,4 +516,43 @@ TEST_CASE("all-to-all pieces sent strided, without packing", "[execute][strided]
       if (c.strided && c.from == "S(0)" && mesh.ndim() == 1)
         for (std::int64_t peak : strided.scratch_peak) CHECK(peak == 0);
     }
+}
+
+TEST_CASE("host staging: large blocks are reused, small ones and misfits are not",
+          "[execute][staging]") {
+  detail::HostBlockCache cache;
+  std::size_t capacity = 0;
+  auto block = cache.take(std::size_t{1} << 20, capacity);
+  REQUIRE(capacity == std::size_t{1} << 20);
+  std::byte* const first = block.get();
+  cache.give(std::move(block), capacity);
+  CHECK(cache.bytes() == std::size_t{1} << 20);
+  // A request it fits without wasting more than the request: the same block.
+  block = cache.take(std::size_t{600} << 10, capacity);
+  CHECK(block.get() == first);
+  CHECK(capacity == std::size_t{1} << 20);
+  CHECK(cache.bytes() == 0);
+  cache.give(std::move(block), capacity);
+  // Too small a request for it (it would hold 1 MiB for 100 KiB): a new block.
+  std::size_t other = 0;
+  auto small = cache.take(std::size_t{100} << 10, other);
+  CHECK(small.get() != first);
+  CHECK(other == std::size_t{100} << 10);
+  // Blocks under min_cached_bytes are not kept.
+  cache.give(std::make_unique<std::byte[]>(1024), 1024);
+  CHECK(cache.bytes() == std::size_t{1} << 20);
+  cache.clear();
+  CHECK(cache.bytes() == 0);
+
+  // HostOps buffers go through this thread's cache: the second run's staging is the first's.
+  detail::host_block_cache().clear();
+  std::byte* seen = nullptr;
+  {
+    const HostOps::Buffer b = HostOps{}.allocate(std::size_t{2} << 20);
+    seen = b.data();
+  }
+  const HostOps::Buffer again = HostOps{}.allocate(std::size_t{2} << 20, true);
+  CHECK(again.data() == seen);
+  CHECK(std::all_of(again.data(), again.data() + again.size(),
+                    [](std::byte x) { return x == std::byte{0}; }));
 }

@@ -5,9 +5,11 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include "detail/box_copy.hpp"
 #include "detail/elementwise.hpp"
+#include "detail/host_block_cache.hpp"
 #include "dtype.hpp"
 #include "layout.hpp"
 #include "reduce_op.hpp"
@@ -48,21 +50,67 @@ concept LocalOps = requires(const O& o, void* p, const void* q, std::size_t n, c
 
 // Local operations on host memory.
 struct HostOps {
-  // A staging buffer in host memory.
+  // A staging buffer in host memory. Large ones come from, and go back to, this thread's
+  // cache of freed blocks (detail::HostBlockCache), so repeated runs reuse mapped memory. With
+  // `abandon_if`, a buffer released while *abandon_if holds is abandoned (see abandon()).
   class Buffer {
    public:
     Buffer() = default;
-    explicit Buffer(std::size_t n, bool zero)
-        : bytes_(n == 0 ? nullptr
-                 : zero ? std::make_unique<std::byte[]>(n)
-                        : std::make_unique_for_overwrite<std::byte[]>(n)),
-          size_(n) {}
+    explicit Buffer(std::size_t n, bool zero, const bool* abandon_if = nullptr)
+        : size_(n), abandon_if_(abandon_if) {
+      if (n == 0) return;
+      bytes_ = n >= detail::HostBlockCache::min_cached_bytes
+                   ? detail::host_block_cache().take(n, capacity_)
+                   : std::make_unique_for_overwrite<std::byte[]>(n);
+      if (capacity_ == 0) capacity_ = n;
+      if (zero) std::memset(bytes_.get(), 0, n);
+    }
+    Buffer(Buffer&& other) noexcept
+        : bytes_(std::move(other.bytes_)),
+          size_(std::exchange(other.size_, 0)),
+          capacity_(std::exchange(other.capacity_, 0)),
+          abandon_if_(other.abandon_if_) {}
+    Buffer& operator=(Buffer&& other) noexcept {
+      if (this != &other) {
+        release();
+        bytes_ = std::move(other.bytes_);
+        size_ = std::exchange(other.size_, 0);
+        capacity_ = std::exchange(other.capacity_, 0);
+        abandon_if_ = other.abandon_if_;
+      }
+      return *this;
+    }
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+    ~Buffer() { release(); }
     [[nodiscard]] std::byte* data() const noexcept { return bytes_.get(); }
     [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    // Gives the memory up to an operation that may still use it: kept until the process ends,
+    // never reused (detail::keep_until_exit). The buffer is empty after.
+    void abandon() noexcept {
+      if (bytes_) {
+        try {
+          detail::keep_until_exit(std::move(bytes_));
+        } catch (...) {  // out of memory for the record: lose the pointer, never free it
+          static_cast<void>(bytes_.release());
+        }
+      }
+      bytes_.reset();
+      size_ = capacity_ = 0;
+    }
 
    private:
+    void release() noexcept {
+      if (abandon_if_ != nullptr && *abandon_if_) return abandon();
+      detail::host_block_cache().give(std::move(bytes_), capacity_);
+      bytes_.reset();
+      size_ = capacity_ = 0;
+    }
+
     std::unique_ptr<std::byte[]> bytes_;
     std::size_t size_ = 0;
+    std::size_t capacity_ = 0;
+    const bool* abandon_if_ = nullptr;
   };
 
   // Uninitialised unless `zero`: every byte that matters is written before it is read.

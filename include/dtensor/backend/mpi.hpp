@@ -41,61 +41,15 @@ namespace dtensor {
 
 namespace detail {
 
-// Memory that an abandoned MPI operation may still write or read (MPI cannot cancel a started
-// collective): kept until the process ends instead of freed.
-inline void keep_until_exit(std::unique_ptr<std::byte[]> bytes, std::vector<std::byte> more = {}) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::pair<std::unique_ptr<std::byte[]>,  // NOLINT
-                                                std::vector<std::byte>>>();
-  const std::lock_guard lock(mutex);
-  kept->emplace_back(std::move(bytes), std::move(more));
-}
-
 // HostOps whose staging buffers outlive an abort: once the backend has aborted, a buffer that
-// an abandoned operation may still use is kept rather than freed.
+// an abandoned operation may still use is kept rather than freed or reused.
 class MpiHostOps : public HostOps {
  public:
-  class Buffer {
-   public:
-    Buffer() = default;
-    Buffer(std::size_t n, bool zero, const bool* aborted)
-        : bytes_(n == 0 ? nullptr
-                 : zero ? std::make_unique<std::byte[]>(n)
-                        : std::make_unique_for_overwrite<std::byte[]>(n)),
-          size_(n),
-          aborted_(aborted) {}
-    Buffer(Buffer&& other) noexcept
-        : bytes_(std::move(other.bytes_)),
-          size_(std::exchange(other.size_, 0)),
-          aborted_(other.aborted_) {}
-    Buffer& operator=(Buffer&& other) noexcept {
-      if (this != &other) {
-        release();
-        bytes_ = std::move(other.bytes_);
-        size_ = std::exchange(other.size_, 0);
-        aborted_ = other.aborted_;
-      }
-      return *this;
-    }
-    Buffer(const Buffer&) = delete;
-    Buffer& operator=(const Buffer&) = delete;
-    ~Buffer() { release(); }
-    [[nodiscard]] std::byte* data() const noexcept { return bytes_.get(); }
-    [[nodiscard]] std::size_t size() const noexcept { return size_; }
-
-   private:
-    void release() noexcept {
-      if (bytes_ && aborted_ != nullptr && *aborted_) keep_until_exit(std::move(bytes_));
-      bytes_.reset();
-    }
-    std::unique_ptr<std::byte[]> bytes_;
-    std::size_t size_ = 0;
-    const bool* aborted_ = nullptr;
-  };
+  using Buffer = HostOps::Buffer;
 
   explicit MpiHostOps(const bool* aborted) : aborted_(aborted) {}
   [[nodiscard]] Buffer allocate(std::size_t bytes, bool zero = false) const {
-    return {bytes, zero, aborted_};
+    return Buffer(bytes, zero, aborted_);
   }
 
  private:
@@ -223,7 +177,7 @@ class MpiBackend {
     friend class MpiBackend;
     const char* call_ = "";
     std::vector<MPI_Request> requests_;
-    std::vector<std::byte> wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
+    HostOps::Buffer wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
     std::function<void()> then_;
     detail::MpiType send_type_;  // a strided all-to-all's send pieces
     std::optional<std::chrono::steady_clock::time_point> deadline_;
@@ -232,8 +186,8 @@ class MpiBackend {
       if (requests_.empty()) return;
       requests_.clear();
       send_type_.release();
-      detail::keep_until_exit(nullptr, std::move(wide_in_));
-      detail::keep_until_exit(nullptr, std::move(wide_out_));
+      wide_in_.abandon();
+      wide_out_.abandon();
     }
   };
 
@@ -594,8 +548,8 @@ class MpiBackend {
       const C* in = static_cast<const C*>(send);
       C* out = static_cast<C*>(recv);
       if constexpr (!std::is_same_v<C, T>) {
-        r.wide_in_.resize(total * sizeof(C));
-        r.wide_out_.resize(count * sizeof(C));
+        r.wide_in_ = HostOps::Buffer(total * sizeof(C), false, &state_->aborted);
+        r.wide_out_ = HostOps::Buffer(count * sizeof(C), false, &state_->aborted);
         C* wide = reinterpret_cast<C*>(r.wide_in_.data());
         for (std::size_t i = 0; i < total; ++i)
           wide[i] = detail::widen(static_cast<const T*>(send)[i]);
