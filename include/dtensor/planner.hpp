@@ -689,17 +689,19 @@ struct plan_builder {
 constexpr bool better(const Plan& a, const Plan& b, Objective objective);
 
 // Plans with one exchange: first each source Partial the target does not keep is reduced on
-// its own mesh dim (all-reduce to R, or reduce-scatter to some S(d)); then one exchange to an
-// intermediate without Partial; then the target's Partial dims are made locally (S or R to P),
-// innermost first, from the intermediate's placement there: the source's, or some S(d) so
-// that the group splits the work. Every combination is tried while there are at most 64;
-// beyond that only the natural one (the target's shard, else R; the source's placement).
+// its own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's
+// Replicate dims are optionally chunked to some S(d) so that the reduction runs on a smaller
+// block; then one exchange to an intermediate without Partial; then the target's Partial dims
+// are made locally (S or R to P), innermost first, from the intermediate's placement there:
+// the source's, or some S(d) so that the group splits the work. Every combination is tried
+// while there are at most 64; beyond that only the natural one (the target's shard, else R;
+// no chunk; the source's placement).
 constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
                              Plan& best) {
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
-  int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {};
-  int num_reduced = 0, num_made = 0;
+  int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
+  int num_reduced = 0, num_made = 0, num_chunked = 0;
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
     if (a[k].is_partial() && b[k] == a[k]) return;  // Partial kept: an exchange cannot move it.
     if (a[k].is_partial())
@@ -707,9 +709,13 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     else if (b[k].is_partial())
       made[num_made++] = k;
   }
+  // Chunking first only shrinks a reduction.
+  for (int k = 0; k < static_cast<int>(a.size()) && num_reduced > 0; ++k)
+    if (a[k].is_replicate() && !b[k].is_partial() && src.mesh().size(k) > 1)
+      chunked[num_chunked++] = k;
   const int choices = src.tensor_ndim() + 1;
   int combos = 1;
-  for (int i = 0; i < num_reduced + num_made && combos <= 64; ++i) combos *= choices;
+  for (int i = 0; i < num_reduced + num_made + num_chunked && combos <= 64; ++i) combos *= choices;
   const bool all = combos <= 64;
   if (!all) combos = 1;
   for (int combo = 0; combo < combos; ++combo) {
@@ -722,6 +728,13 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     };
     Transitions prefix, suffix;
     Placements mid = a;
+    for (int i = 0; i < num_chunked; ++i) {
+      const int k = chunked[i];
+      const Placement to = pick(a[k]);
+      if (to == a[k]) continue;
+      prefix.push_back({k, a[k], to});
+      mid[k] = to;
+    }
     for (int i = 0; i < num_reduced; ++i) {
       const int k = reduced[i];
       const Placement to = pick(b[k].is_shard() ? b[k] : Placement::replicate());
