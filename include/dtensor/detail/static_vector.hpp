@@ -190,7 +190,10 @@ class static_vector {
         return;
       }
     }
-    const std::size_t n = std::is_constant_evaluated() ? N : size_;
+    // Not `const auto n = is_constant_evaluated() ? N : size_`: a const integer's initializer is
+    // tried as a constant expression first, where is_constant_evaluated() is true.
+    std::size_t n = size_;
+    if (std::is_constant_evaluated()) n = N;
     for (std::size_t i = 0; i < n; ++i) std::construct_at(&data_[i].value, other.data_[i].value);
   }
 
