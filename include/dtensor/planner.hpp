@@ -580,23 +580,15 @@ struct plan_builder {
       if (o.padding == Padding::always) {
         s.padded = true;
       } else if (o.objective == Objective::time) {
-        double padded_us = 0, exact_us = 0;
+        StepTimes most;
         const bool all[max_mesh_dims] = {};
-        for_each_coord(
-            mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), all,
-            [&](const MeshCoord& c) {
-              const Box have = base.local_box(s.before, c);
-              const Box want = base.local_box(s.after, c);
-              const double p = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c,
-                                              have, want, o.cost_model)
-                                   .us;
-              const double e = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c,
-                                              have, want, o.cost_model)
-                                   .us;
-              padded_us = p > padded_us ? p : padded_us;
-              exact_us = e > exact_us ? e : exact_us;
-            });
-        s.padded = padded_us < exact_us;
+        for_each_coord(mesh, origin, all, [&](const MeshCoord& c) {
+          const StepTimes t =
+              step_times(plan, s, c, base.local_box(s.before, c), base.local_box(s.after, c), true);
+          most.padded = t.padded > most.padded ? t.padded : most.padded;
+          most.exact = t.exact > most.exact ? t.exact : most.exact;
+        });
+        s.padded = most.padded < most.exact;
       }
     }
     // With every piece even, collectives cost every rank the same: rank 0 speaks for all.
@@ -609,7 +601,7 @@ struct plan_builder {
     }
     plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
     const bool by_bytes = o.objective == Objective::bytes;
-    const double us_limit = incumbent != nullptr ? incumbent->est_us() * (1 + 1e-9) + 1e-9 : 0;
+    const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
     for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
       RankBytes total;
       double us = 0;
@@ -654,29 +646,45 @@ struct plan_builder {
   static constexpr bool loses_on(const Plan& plan, const MeshCoord& c, MayPad may_pad,
                                  const Plan& incumbent) {
     const Layout& base = plan.src_;
-    const CostModel& model = plan.options_.cost_model;
-    const double limit = incumbent.est_us() * (1 + 1e-9) + 1e-9;
+    const double limit = time_to_beat(incumbent);
     double us = 0;
     Box have = base.local_box(base.placements(), c);
     for (const Step& s : plan.steps_) {
       if (s.kind == StepKind::identity) continue;
       const Box want = base.local_box(s.after, c);
       if (moves_data(s.kind)) {
-        double step_us =
-            rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have, want, model)
-                .us;
-        if (may_pad(s)) {
-          const double padded_us = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true,
-                                                  c, have, want, model)
-                                       .us;
-          step_us = padded_us < step_us ? padded_us : step_us;
-        }
-        us += step_us;
+        const StepTimes t = step_times(plan, s, c, have, want, may_pad(s));
+        us += may_pad(s) && t.padded < t.exact ? t.padded : t.exact;
         if (us > limit) return true;
       }
       have = want;
     }
     return false;
+  }
+
+  // The time a candidate must not exceed to beat `incumbent` (objective time).
+  static constexpr double time_to_beat(const Plan& incumbent) noexcept {
+    return incumbent.est_us() * (1 + 1e-9) + 1e-9;
+  }
+
+  // What step `s` of `plan` costs the rank at `c` (blocks `have` before, `want` after) in time,
+  // exact and, when `with_padded`, padded.
+  struct StepTimes {
+    double padded = 0;
+    double exact = 0;
+  };
+  static constexpr StepTimes step_times(const Plan& plan, const Step& s, const MeshCoord& c,
+                                        const Box& have, const Box& want, bool with_padded) {
+    const Layout& base = plan.src_;
+    const CostModel& model = plan.options_.cost_model;
+    StepTimes t;
+    t.exact =
+        rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have, want, model).us;
+    if (with_padded)
+      t.padded =
+          rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, have, want, model)
+              .us;
+    return t;
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
