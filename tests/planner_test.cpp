@@ -373,6 +373,47 @@ TEST_CASE("mismatched layouts are refused", "[planner][errors]") {
                     "1 placements for a mesh of 2 dims: one per mesh dim");
 }
 
+TEST_CASE("the floor that skips exchange candidates is below every exchange plan's time",
+          "[planner][bound]") {
+  // The planner skips an exchange candidate whose floor (latencies of its collectives, one
+  // point-to-point message and the probe rank's missing elements) exceeds the best plan's time:
+  // the floor must never exceed the time of a plan it could have skipped. Checked on every
+  // exchange plan the planner returns, with the default cost model and with cheap messages.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  const Shape shapes[] = {{16, 8}, {5, 7}, {4096, 1024}};
+  int exchanges = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      for (double p2p : {2.0, 0.5})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Layout src(m, a, shape), dst(m, b, shape);
+          CostModel model = CostModel::defaults(m);
+          model.p2p_latency_factor = p2p;
+          PlanOptions o;
+          o = o.with_cost_model(model);
+          for (Objective objective : {Objective::time, Objective::bytes}) {
+            o.objective = objective;
+            const Plan plan = plan_redistribute(src, dst, o);
+            detail::Transitions prefix;
+            for (const Step& s : plan) {
+              if (s.kind == StepKind::exchange) {
+                const double floor = detail::exchange_plan_floor_us(
+                    src, prefix, s.before, s.after, detail::lower_bound(src, dst).busiest, model);
+                INFO(fmt::format("{} {} -> {} on {}: floor {} us, plan {} us", shape, a, b,
+                                 m.shape(), floor, plan.est_us()));
+                CHECK(floor <= plan.est_us() + 1e-9);
+                ++exchanges;
+                break;
+              }
+              prefix.push_back({s.mesh_dim, s.before[s.mesh_dim], s.after[s.mesh_dim]});
+            }
+          }
+        });
+  CHECK(exchanges > 100);
+}
+
 TEST_CASE("the lower bound's fast path without Partial equals the general rule",
           "[planner][bound]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
@@ -387,7 +428,7 @@ TEST_CASE("the lower bound's fast path without Partial equals the general rule",
           const Layout src(m, a, shape, DType::f32, policy), dst(m, b, shape, DType::f32, policy);
           for (int r = 0; r < m.size(); ++r) {
             const MeshCoord c = m.coordinate(r);
-            REQUIRE(detail::missing_elements(src, dst, c) ==
+            REQUIRE(detail::missing_elements(src, a, b, c) ==
                     detail::lower_bound_elements(src, dst, c));
             ++checked;
           }

@@ -159,19 +159,18 @@ class Layout {
     Box box;
     box.shape = shape_;
     box.offset.resize(shape_.size(), 0);
-    for (int i = 0; i < depth; ++i) cut(box, placements, coord, i);
+    check_cut(placements, coord, depth);
+    for (int i = 0; i < depth; ++i)
+      cut_unchecked(box, placements, coord, static_cast<std::size_t>(i));
     return box;
   }
   // Cuts `box` by the shard of mesh dim `mesh_dim` under `placements`, if any: one level of
   // outer_box's nesting (outer_box(ps, c, k + 1) is outer_box(ps, c, k) cut by mesh dim k).
   constexpr void cut(Box& box, const Placements& placements, const MeshCoord& coord,
                      int mesh_dim) const {
-    const Placement& p = placements[static_cast<std::size_t>(mesh_dim)];
-    if (!p.is_shard()) return;
-    const auto d = static_cast<std::size_t>(p.dim());
-    const Range r = chunk_range(box.shape[d], mesh_.size(mesh_dim), coord.at(mesh_dim), policy_);
-    box.offset[d] += r.start;
-    box.shape[d] = r.size;
+    if (mesh_dim < 0) detail::fail<detail::why::mesh_dim_out_of_range>(mesh_dim, mesh_.ndim());
+    check_cut(placements, coord, mesh_dim + 1);
+    cut_unchecked(box, placements, coord, static_cast<std::size_t>(mesh_dim));
   }
   // The block of the global tensor held by global rank `rank`.
   [[nodiscard]] constexpr Box local_box(int rank) const {
@@ -206,6 +205,27 @@ class Layout {
   }
 
  private:
+  // Fails unless mesh dims 0 to depth - 1 exist and `placements` and `coord` have entries for
+  // them.
+  constexpr void check_cut(const Placements& placements, const MeshCoord& coord, int depth) const {
+    const auto n = static_cast<std::size_t>(depth);
+    if (n > mesh_.shape().size())
+      detail::fail<detail::why::mesh_dim_out_of_range>(depth - 1, mesh_.ndim());
+    if (n > placements.size())
+      detail::fail<detail::why::index_out_of_range>(depth - 1, placements.size());
+    if (n > coord.size()) detail::fail<detail::why::index_out_of_range>(depth - 1, coord.size());
+  }
+  // cut, with mesh dim k checked by check_cut.
+  constexpr void cut_unchecked(Box& box, const Placements& placements, const MeshCoord& coord,
+                               std::size_t k) const {
+    const Placement& p = placements[k];
+    if (!p.is_shard()) return;
+    const auto d = static_cast<std::size_t>(p.dim());
+    const Range r = chunk_range(box.shape[d], mesh_.shape()[k], coord[k], policy_);
+    box.offset[d] += r.start;
+    box.shape[d] = r.size;
+  }
+
   static constexpr std::int64_t numel_of(const Shape& s) {
     std::int64_t n = 1;
     for (std::int64_t e : s) n = detail::checked_mul(n, e);

@@ -363,19 +363,20 @@ constexpr std::int64_t reduction_elements(const Layout& src, const Layout& dst) 
 // lower_bound_elements for layouts without Partial, in O(tensor dims x mesh dims): the elements
 // of the target block of the rank at `coord` its source block lacks, from the ranges each
 // side's shards cut along every tensor dim (nested outermost first, as Layout::local_box).
-constexpr std::int64_t missing_elements(const Layout& src, const Layout& dst,
-                                        const MeshCoord& coord) {
-  const DeviceMesh& mesh = src.mesh();
+// The placements `from` and `to` are of `base`'s tensor and mesh.
+constexpr std::int64_t missing_elements(const Layout& base, const Placements& from,
+                                        const Placements& to, const MeshCoord& coord) {
+  const DeviceMesh& mesh = base.mesh();
   std::int64_t want = 1, kept = 1;
-  for (int d = 0; d < src.tensor_ndim(); ++d) {
-    Range s{0, src.global_shape()[d]}, t = s;
+  for (int d = 0; d < base.tensor_ndim(); ++d) {
+    Range s{0, base.global_shape()[d]}, t = s;
     for (int k = 0; k < mesh.ndim(); ++k) {
-      if (src.placement(k).is_shard(d)) {
-        const Range r = chunk_range(s.size, mesh.size(k), coord[k], src.policy());
+      if (from[k].is_shard(d)) {
+        const Range r = chunk_range(s.size, mesh.size(k), coord[k], base.policy());
         s = {s.start + r.start, r.size};
       }
-      if (dst.placement(k).is_shard(d)) {
-        const Range r = chunk_range(t.size, mesh.size(k), coord[k], dst.policy());
+      if (to[k].is_shard(d)) {
+        const Range r = chunk_range(t.size, mesh.size(k), coord[k], base.policy());
         t = {t.start + r.start, r.size};
       }
     }
@@ -491,17 +492,20 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
 struct plan_builder {
   // The plan of the transitions `ts`, with costs.
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& ts,
-                              const PlanOptions& options, const Plan* incumbent = nullptr) {
-    return build(src, dst, ts, nullptr, {}, options, incumbent);
+                              const PlanOptions& options, const Plan* incumbent = nullptr,
+                              const MeshCoord* probe = nullptr) {
+    return build(src, dst, ts, nullptr, {}, options, incumbent, probe);
   }
 
   // The plan of the transitions `prefix`, then one exchange to `exchange_to` (when given),
   // then the transitions `suffix`, with costs.
-  // With an incumbent, costing stops as soon as the plan cannot beat it (then it is pruned); a
-  // pruned incumbent is no plan and stops nothing.
+  // With an incumbent, costing stops as soon as the plan cannot beat it (then it is pruned),
+  // first tried on the rank at `probe` alone (the origin when null); a pruned incumbent is no
+  // plan and stops nothing.
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& prefix,
                               const Placements* exchange_to, const Transitions& suffix,
-                              const PlanOptions& options, const Plan* incumbent = nullptr) {
+                              const PlanOptions& options, const Plan* incumbent = nullptr,
+                              const MeshCoord* probe = nullptr) {
     Plan plan(src, dst);
     plan.options_ = options;
     Placements state = src.placements();
@@ -524,7 +528,7 @@ struct plan_builder {
       plan.pruned_ = true;  // not a plan to dst: never chosen
       return plan;
     }
-    cost(plan, incumbent != nullptr && !incumbent->pruned_ ? incumbent : nullptr);
+    cost(plan, incumbent != nullptr && !incumbent->pruned_ ? incumbent : nullptr, probe);
     return plan;
   }
 
@@ -550,9 +554,11 @@ struct plan_builder {
   }
 
   // Fills in each step's padding choice, bytes and time, and the plan's totals. With an
-  // incumbent, stops early (marking the plan pruned) as soon as the maxima over the ranks
-  // seen so far make it worse than the incumbent under the objective.
-  static constexpr void cost(Plan& plan, const Plan* incumbent = nullptr) {
+  // incumbent, stops early (marking the plan pruned) as soon as the maxima over the ranks seen
+  // so far, or (objective time, uneven steps) the rank at `probe` alone (the origin when null),
+  // make it worse than the incumbent under the objective.
+  static constexpr void cost(Plan& plan, const Plan* incumbent = nullptr,
+                             const MeshCoord* probe = nullptr) {
     const PlanOptions& o = plan.options_;
     const DeviceMesh& mesh = plan.src_.mesh();
     const Layout& base = plan.src_;
@@ -568,7 +574,8 @@ struct plan_builder {
     };
     const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
     if (incumbent != nullptr && o.objective == Objective::time && !all_even &&
-        o.padding == Padding::automatic && loses_on(plan, origin, may_pad, *incumbent)) {
+        o.padding == Padding::automatic &&
+        loses_on(plan, probe != nullptr ? *probe : origin, may_pad, *incumbent)) {
       plan.pruned_ = true;
       return;
     }
@@ -605,21 +612,25 @@ struct plan_builder {
     for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
       RankBytes total;
       double us = 0;
-      // The rank's block before each step is its block after the one before.
-      Box have = base.local_box(base.placements(), c);
+      // The rank's block before a step is its block after the one before, when that one moved
+      // data (local steps compute no blocks).
+      Box have;
+      bool have_known = false;
       for (Step& s : plan.steps_) {
         if (moves_data(s.kind)) {
+          if (!have_known) have = base.local_box(s.before, c);
           const Box want = base.local_box(s.after, c);
           const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
                                                  s.padded, c, have, want, o.cost_model);
           have = want;
+          have_known = true;
           total.send = bytes_add(total.send, rc.bytes.send);
           total.recv = bytes_add(total.recv, rc.bytes.recv);
           s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
           s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
           s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
         } else if (s.kind != StepKind::identity) {
-          have = base.local_box(s.after, c);
+          have_known = false;
         }
         us += s.est_us;
         // Every later step only adds: stop as soon as this plan cannot beat the incumbent.
@@ -696,6 +707,41 @@ struct plan_builder {
 
 constexpr bool better(const Plan& a, const Plan& b, Objective objective);
 
+// A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
+// make no Partial) followed by an exchange from `mid` to `end` (no Partial): every collective
+// costs every rank at least its messages' latency; the exchange costs the rank at `probe`, if it
+// lacks elements of its block, at least one point-to-point message and those elements at the
+// fastest link's bandwidth. Lets try_exchanges skip candidates without costing them.
+constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& ts,
+                                        const Placements& mid, const Placements& end,
+                                        const MeshCoord& probe, const CostModel& model) {
+  const DeviceMesh& mesh = base.mesh();
+  const double collective_factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
+  double us = 0;
+  for (const Transition& t : ts) {
+    const int g = mesh.size(t.mesh_dim);
+    if (g == 1) continue;
+    const StepKind kind =
+        t.from.is_partial() && t.to.is_partial() ? StepKind::all_reduce : step_kind(t.from, t.to);
+    if (!moves_data(kind)) continue;
+    const double messages = (kind == StepKind::all_reduce ? 2.0 : 1.0) * (g - 1);
+    us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
+  }
+  const std::int64_t missing = missing_elements(base, mid, end, probe);
+  if (missing > 0) {
+    double latency = 1e300, bandwidth = 0;
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      if (mesh.size(k) == 1) continue;
+      const LinkCost& link = model.dims[k];
+      latency = link.latency_us < latency ? link.latency_us : latency;
+      bandwidth = link.bandwidth_gbs > bandwidth ? link.bandwidth_gbs : bandwidth;
+    }
+    us += LinkCost{latency * model.p2p_latency_factor, bandwidth}.time_us(
+        1, double(missing) * double(base.elem_bytes()));
+  }
+  return us;
+}
+
 // Plans with one exchange: first each source Partial the target does not keep is reduced on
 // its own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's
 // Replicate dims are optionally chunked to some S(d) so that the reduction runs on a smaller
@@ -705,7 +751,7 @@ constexpr bool better(const Plan& a, const Plan& b, Objective objective);
 // while there are at most 64; beyond that only the natural one (the target's shard, else R;
 // no chunk; the source's placement).
 constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
-                             Plan& best) {
+                             const MeshCoord& probe, Plan& best) {
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
@@ -761,7 +807,11 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     for (int k = static_cast<int>(b.size()); k-- > 0;)
       if (b[k].is_partial()) suffix.push_back({k, end[k], b[k]});
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
-    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options, &best);
+    if (options.objective == Objective::time && !plan_builder::pruned(best) &&
+        exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model) >
+            plan_builder::time_to_beat(best))
+      continue;
+    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options, &best, &probe);
     if (better(p, best, options.objective)) best = p;
   }
 }
@@ -792,29 +842,51 @@ constexpr void check_same_tensor(const Layout& src, const Layout& dst) {
 
 }  // namespace detail
 
+namespace detail {
+
+// The elements the busiest rank must receive whatever the plan (the rules are at
+// lower_bound_elements), and the coordinates of a rank that must receive that many per rank
+// (the origin when the reduction bound decides).
+struct LowerBound {
+  std::int64_t elements = 0;
+  MeshCoord busiest;
+};
+constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
+  const DeviceMesh& mesh = src.mesh();
+  LowerBound out{0, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0)};
+  // Coordinates on mesh dims that shard on neither side change nothing.
+  bool fixed[max_mesh_dims] = {};
+  bool src_holds_all = true;
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    fixed[k] = !src.placement(k).is_shard() && !dst.placement(k).is_shard();
+    src_holds_all = src_holds_all && src.placement(k).is_replicate();
+  }
+  if (src_holds_all) return out;  // every rank holds the whole tensor
+  // Without Partial, the elements each rank lacks, per tensor dim (missing_elements).
+  const bool blocks_only = !has_partial(src.placements()) && !has_partial(dst.placements());
+  for_each_coord(mesh, out.busiest, fixed, [&](const MeshCoord& c) {
+    const std::int64_t e = blocks_only
+                               ? missing_elements(src, src.placements(), dst.placements(), c)
+                               : lower_bound_elements(src, dst, c);
+    if (e > out.elements) {
+      out.elements = e;
+      out.busiest = c;
+    }
+  });
+  if (!blocks_only) {
+    const std::int64_t e = reduction_elements(src, dst);
+    out.elements = e > out.elements ? e : out.elements;
+  }
+  return out;
+}
+
+}  // namespace detail
+
 // The bytes the busiest rank must receive to turn `src` into `dst`, whatever the plan (the
 // rules are at detail::lower_bound_elements).
 constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layout& dst) {
   detail::check_same_tensor(src, dst);
-  const DeviceMesh& mesh = src.mesh();
-  // Coordinates on mesh dims that shard on neither side change nothing.
-  bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k)
-    fixed[k] = !src.placement(k).is_shard() && !dst.placement(k).is_shard();
-  // Without Partial, the elements each rank lacks, per tensor dim (detail::missing_elements).
-  const bool blocks_only = !has_partial(src.placements()) && !has_partial(dst.placements());
-  std::int64_t most = 0;
-  detail::for_each_coord(
-      mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed, [&](const MeshCoord& c) {
-        const std::int64_t e = blocks_only ? detail::missing_elements(src, dst, c)
-                                           : detail::lower_bound_elements(src, dst, c);
-        most = e > most ? e : most;
-      });
-  if (!blocks_only) {
-    const std::int64_t e = detail::reduction_elements(src, dst);
-    most = e > most ? e : most;
-  }
-  return detail::bytes_mul(most, src.elem_bytes());
+  return detail::bytes_mul(detail::lower_bound(src, dst).elements, src.elem_bytes());
 }
 
 // The cheapest plan (by options.objective) that turns layout `src` into layout `dst` of the
@@ -826,12 +898,15 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
-  const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
+  const detail::LowerBound lb = detail::lower_bound(src, dst);
+  const std::int64_t bound = detail::bytes_mul(lb.elements, src.elem_bytes());
+  // Candidates are first costed on the rank the bound says is busiest, where a loser loses.
+  const MeshCoord& probe = lb.busiest;
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
-    const Plan p = detail::plan_builder::build(src, dst, ts, options, &best);
+    const Plan p = detail::plan_builder::build(src, dst, ts, options, &best, &probe);
     if (detail::better(p, best, options.objective)) best = p;
   };
   // The same transitions with all-to-alls where they fit.
@@ -859,7 +934,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) &&
       (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound))
-    detail::try_exchanges(src, dst, options, best);
+    detail::try_exchanges(src, dst, options, probe, best);
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
   detail::plan_builder::set_lower_bound(best, bound);
   return best;
