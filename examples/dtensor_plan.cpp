@@ -56,6 +56,9 @@ sharding picture of both layouts. Without --to, explains the one layout.
                          for every tensor (up to 64): explains the batched plan, whose rounds
                          move every tensor's step in one collective (instead of --shape,
                          --dtype, --from and --to; with --execute, runs it on simulated ranks)
+  --schedule cheapest    with --tensor: how steps form rounds: cheapest (by the cost model,
+                         default) or fewest-calls (never more backend calls than the busiest
+                         tensor alone)
   --json                 print the plan (or the relabelling) as JSON
   -h, --help             this text
 )";
@@ -72,6 +75,8 @@ struct Options {
   bool execute = false, relabel = false;
   RelabelMethod relabel_method = RelabelMethod::automatic;
   bool relabel_method_given = false;
+  BatchSchedule schedule = BatchSchedule::cheapest;
+  bool schedule_given = false;
   PlanOptions plan;
   int ranks_per_node = 8;
 };
@@ -157,6 +162,14 @@ Options parse_args(int argc, char** argv) {
           o.plan.padding = Padding::never;
         else
           throw usage_error{fmt::format("--padding is auto, always or never, got '{}'", value)};
+      } else if (arg == "--schedule") {
+        o.schedule_given = true;
+        if (value == "cheapest")
+          o.schedule = BatchSchedule::cheapest;
+        else if (value == "fewest-calls")
+          o.schedule = BatchSchedule::fewest_calls;
+        else
+          throw usage_error{fmt::format("--schedule is cheapest or fewest-calls, got '{}'", value)};
       } else if (arg == "--relabel-method") {
         o.relabel_method_given = true;
         if (value == "auto")
@@ -182,6 +195,7 @@ Options parse_args(int argc, char** argv) {
       throw usage_error{"--tensor goes without --json, --backward, --adjoint, --relabel, --dump"};
     return o;
   }
+  if (o.schedule_given) throw usage_error{"--schedule goes with --tensor"};
   if (o.shape.empty()) throw usage_error{"--shape is required, e.g. --shape 1024x4096"};
   if (o.from.empty()) throw usage_error{"--from is required, e.g. --from 'S(0),R'"};
   if (o.to.empty() && (o.backward || o.adjoint || o.json))
@@ -379,7 +393,7 @@ Redistribution parse_tensor(const DeviceMesh& mesh, std::string_view spec, Chunk
 int run_batch(const Options& o, const DeviceMesh& mesh, ChunkPolicy policy) {
   std::vector<Redistribution> tensors;
   for (const std::string& spec : o.tensors) tensors.push_back(parse_tensor(mesh, spec, policy));
-  const auto batch = std::make_unique<BatchPlan<>>(plan_batch(tensors, o.plan));
+  const auto batch = std::make_unique<BatchPlan<>>(plan_batch(tensors, o.plan, o.schedule));
   fmt::print("{}", explain(*batch));
   if (!o.execute) return 0;
   const BatchVerification v = verify_batch_on_simulator(*batch);

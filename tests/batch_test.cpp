@@ -119,12 +119,15 @@ TEST_CASE("FSDP: a layer's parameters gathered in one collective per step", "[ba
   CHECK(vp.collectives == 1);
 }
 
-TEST_CASE("gradients reduced together: one all-reduce per dtype", "[batch]") {
-  const DeviceMesh m({2, 2});
-  std::vector<Redistribution> grads;
+TEST_CASE("gradients reduced together: one all-reduce per dtype, or one message round", "[batch]") {
+  // Large gradients on 8 ranks: one all-reduce per dtype (a collective cannot mix dtypes), as
+  // the ring moves 2(g-1)/g of a block where messages would move g-1 blocks.
+  const DeviceMesh m8({8});
+  std::vector<Redistribution> large;
   for (int i = 0; i < 6; ++i)
-    grads.push_back(pair(m, "P,R", "R,R", {4 + 4 * i, 8}, i % 2 == 0 ? DType::f32 : DType::bf16));
-  const BatchPlan<8> b = plan_batch<8>(grads);
+    large.push_back(
+        pair(m8, "P", "R", {2048 * (i + 1), 64}, i % 2 == 0 ? DType::f32 : DType::bf16));
+  const BatchPlan<8> b = plan_batch<8>(large);
   CHECK(b.collectives() == 2);  // reductions fuse per dtype
   for (const BatchRound& r : b.rounds()) {
     CHECK(r.kind == StepKind::all_reduce);
@@ -133,7 +136,25 @@ TEST_CASE("gradients reduced together: one all-reduce per dtype", "[batch]") {
   const BatchVerification v = verify_batch_on_simulator(b);
   INFO(v.difference);
   CHECK(v.verified);
-  CHECK(v.collectives == 2 * 2);  // two groups of mesh dim 0 each
+  CHECK(v.collectives == 2);
+
+  // Small ones on 2x2 (groups of 2, where messages move what the ring moves): one
+  // point-to-point round, cheaper by the cost model than an all-reduce per dtype.
+  const DeviceMesh m({2, 2});
+  std::vector<Redistribution> grads;
+  for (int i = 0; i < 6; ++i)
+    grads.push_back(pair(m, "P,R", "R,R", {4 + 4 * i, 8}, i % 2 == 0 ? DType::f32 : DType::bf16));
+  const BatchPlan<8> small = plan_batch<8>(grads);
+  REQUIRE(small.collectives() == 1);
+  CHECK(small.rounds()[0].kind == StepKind::exchange);
+  CHECK(small.rounds()[0].tensors == 6);
+  CHECK(small.point_to_point(0, 0));
+  CHECK(small.est_us() < small.est_us_unbatched());
+  const BatchVerification vs = verify_batch_on_simulator(small);
+  INFO(vs.difference);
+  CHECK(vs.verified);
+  CHECK(vs.collectives == 1);
+  CHECK(vs.collectives < alone(grads[0]));
 }
 
 TEST_CASE("aligned plans: no more collectives than the longest one", "[batch]") {
@@ -164,7 +185,7 @@ TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every ran
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
                                DeviceMesh({2, 2, 2})};
   int cases = 0;
-  std::int64_t batched = 0, one_by_one = 0;
+  std::int64_t batched = 0, one_by_one = 0, fewest = 0, busiest = 0;
   for (const DeviceMesh& mesh : meshes)
     for (int size : {1, 2, 5, 16}) {
       for (int repeat = 0; repeat < 3; ++repeat) {
@@ -177,15 +198,31 @@ TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every ran
         std::int64_t singles = 0;
         for (const Redistribution& r : batch) singles += alone(r);
         CHECK(v.collectives <= singles);
+        CHECK(v.collectives == b.backend_calls());
         CHECK(b.collectives() <= b.collectives_unbatched());
         CHECK(b.est_us() <= b.est_us_unbatched() + 1e-9);
+        // Scheduled for the fewest calls: no more than the busiest tensor alone.
+        std::int64_t most = 0;
+        for (const Redistribution& r : batch) most = std::max(most, alone(r));
+        const BatchPlan<16> f = plan_batch<16>(batch, {}, BatchSchedule::fewest_calls);
+        const BatchVerification vf = verify_batch_on_simulator(f);
+        INFO(vf.difference);
+        REQUIRE(vf.verified);
+        CHECK(vf.collectives <= most);
+        CHECK(vf.collectives == f.backend_calls());
+        CHECK(f.backend_calls_alone_max() == most);
+        fewest += vf.collectives;
+        busiest += most;
         batched += v.collectives;
         one_by_one += singles;
         ++cases;
       }
     }
-  WARN(fmt::format("random batches: {} cases, {} collectives batched against {} one by one", cases,
-                   batched, one_by_one));
+  WARN(
+      fmt::format("random batches: {} cases, {} backend calls batched (cheapest rounds) against {} "
+                  "one by one; {} scheduled for the fewest calls, against {} for the busiest "
+                  "tensor of each batch alone",
+                  cases, batched, one_by_one, fewest, busiest));
 }
 
 TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {

@@ -56,6 +56,10 @@ check "batch" 0 "$tool" --mesh 2x4 --tensor '64x32:bf16:S(0),S(1):R,R' --tensor 
 expect_in "batch" "batch: 3 tensors on mesh 2x4"
 expect_in "batch" "total: 3 collectives (one by one: 5)"
 expect_in "batch" "verified"
+check "batch, fewest calls" 0 "$tool" --mesh 2x4 --tensor '64x32:bf16:S(0),S(1):R,R' \
+      --tensor '32:f32:S(0),S(0):R,R' --tensor '7x5:i64:P,R:R,R' --schedule fewest-calls --execute
+expect_in "batch, fewest calls" "backend calls (a collective: one per group): 5; the busiest tensor alone: 6"
+expect_in "batch, fewest calls" "verified"
 
 dump=$(mktemp -d)
 check "execute" 0 "$tool" --mesh 2x4 --shape 10x6 --dtype bf16 --from 'P,S(1)' --to 'R,S(0)' --execute --dump "$dump"
@@ -82,7 +86,8 @@ for bad in "--mesh 2x0 --shape 4 --from R" "--mesh 2x4 --shape 4 --from S(0)" \
            "--mesh 2x4 --shape 4x4 --from R,R --to R,R --relabel --to-mesh 3x3" \
            "--mesh 2x4 --shape 4x4 --from R,R --to R,R --relabel --relabel-method best" \
            "--mesh 2x4 --tensor 4x4:f32:R,R" "--mesh 2x4 --tensor 4x4:f32:R,R:R,R --shape 4x4" \
-           "--mesh 2x4 --tensor 4x4:f32:R:R"; do
+           "--mesh 2x4 --tensor 4x4:f32:R:R" "--mesh 2x4 --shape 4x4 --from R,R --schedule cheapest" \
+           "--mesh 2x4 --tensor 4x4:f32:R,R:R,R --schedule fastest"; do
   # shellcheck disable=SC2086
   check "bad input: $bad" 2 "$tool" $bad
   lines=$(wc -l </tmp/dtensor_cli_err.$$)

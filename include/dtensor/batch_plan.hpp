@@ -26,14 +26,28 @@ struct Redistribution {
   Layout dst;
 };
 
+// How plan_batch groups the tensors' steps into rounds.
+enum class BatchSchedule : std::uint8_t {
+  // The greedy rounds (collectives fused wherever the tensors' steps match) or the aligned
+  // rounds (the r-th steps of all tensors together, as one point-to-point round where they
+  // differ), whichever the cost model says is faster; ties go to fewer backend calls.
+  cheapest,
+  // Never more backend calls than the tensor whose plan makes the most alone: the greedy
+  // rounds unless they make more, then the aligned rounds (for launch-bound runs, even where
+  // the cost model prices a point-to-point round above the collectives it replaces).
+  fewest_calls,
+};
+
 // How many tensors a BatchPlan holds unless told otherwise (BatchPlan<N>, plan_batch<N>).
 inline constexpr std::size_t default_batch_capacity = 64;
 
 // One round of a batched plan: a single collective that moves the steps of several tensors at
 // once, packed into one buffer per peer. `kind` is the collective (all_gather, reduce_scatter,
 // all_reduce, all_to_all on `mesh_dim`) or `exchange`: one grouped point-to-point round that
-// carries every step moved by messages (exchanges, and uneven gathers, reduce-scatters and
-// all-to-alls with exact sizes). Reductions fuse only steps of one dtype and op.
+// carries every step moved by messages (exchanges, uneven gathers, reduce-scatters and
+// all-to-alls with exact sizes, and in an aligned schedule every collective step of a round
+// whose steps differ; see BatchPlan::point_to_point). Reductions fuse only steps of one dtype
+// and op.
 struct BatchRound {
   StepKind kind = StepKind::exchange;
   int mesh_dim = -1;
@@ -65,6 +79,42 @@ constexpr BatchRound round_key(const Plan& plan, const Step& s) {
 
 constexpr bool same_round(const BatchRound& a, const BatchRound& b) noexcept {
   return a.kind == b.kind && a.mesh_dim == b.mesh_dim && a.dtype == b.dtype && a.op == b.op;
+}
+
+// The backend calls a round of `key` makes as the simulated backend counts them: a collective
+// one per group of its mesh dim, a point-to-point round one.
+constexpr int round_calls(const DeviceMesh& mesh, const BatchRound& key) {
+  return key.kind == StepKind::exchange ? 1 : mesh.size() / mesh.size(key.mesh_dim);
+}
+
+// What step `s` of `plan` costs the rank at `c` when it runs as point-to-point messages (in a
+// batch's exchange round): an exchange as planned; a gather, reduce-scatter or all-to-all with
+// exact pieces, one message to each other member of its group; an all-reduce sends its block to
+// every other member and reduces the g blocks itself ((g-1) blocks each way, where a ring moves
+// 2(g-1)/g). Messages pay the model's point-to-point latency.
+constexpr RankStepCost point_to_point_cost(const Plan& plan, const Step& s, const MeshCoord& c,
+                                           const CostModel& model) {
+  const Layout& base = plan.src();
+  if (s.kind == StepKind::exchange)
+    return rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, model);
+  const int k = s.mesh_dim, g = base.mesh().size(k);
+  RankStepCost out;
+  if (!moves_data(s.kind) || g == 1) return out;
+  if (s.kind == StepKind::all_reduce) {
+    const std::int64_t block = bytes_mul(base.local_box(s.before, c).numel(), base.elem_bytes());
+    out.bytes.recv = out.bytes.send = bytes_mul(g - 1, block);
+  } else {
+    out.bytes = rank_step_cost(base, s.before, s.after, s.kind, k, false, c, model).bytes;
+  }
+  out.us = model.dims[k].time_us(model.p2p_latency_factor * (g - 1), double(out.bytes.recv));
+  return out;
+}
+
+// What step `s` of `plan` costs the rank at `c` in a round of kind `round`.
+constexpr RankStepCost round_step_cost(const Plan& plan, const Step& s, StepKind round,
+                                       const MeshCoord& c, const CostModel& model) {
+  if (round == StepKind::exchange) return point_to_point_cost(plan, s, c, model);
+  return rank_step_cost(plan.src(), s.before, s.after, s.kind, s.mesh_dim, s.padded, c, model);
 }
 
 // Whether the step sends or receives anything (a mesh dim of extent 1 was made an identity).
@@ -108,6 +158,12 @@ class BatchPlan {
   [[nodiscard]] constexpr int round_of(std::size_t t, std::size_t i) const {
     return round_of_.at(t).at(i);
   }
+  // Whether step `i` of tensor t's plan runs as point-to-point messages: it is in a
+  // point-to-point round (exact sizes, or a round whose steps differ), not a collective.
+  [[nodiscard]] constexpr bool point_to_point(std::size_t t, std::size_t i) const {
+    const int r = round_of(t, i);
+    return r >= 0 && rounds_[static_cast<std::size_t>(r)].kind == StepKind::exchange;
+  }
 
   // Collectives (and point-to-point rounds) the batch issues, and the tensors one by one.
   [[nodiscard]] constexpr int collectives() const noexcept {
@@ -131,8 +187,29 @@ class BatchPlan {
   // What batching saves by the cost model: the latency terms of the steps it fuses.
   [[nodiscard]] constexpr double saving_us() const noexcept { return est_us_unbatched() - est_us_; }
 
+  // The backend calls the rounds make, as the simulated backend counts them: a collective one
+  // per group of its mesh dim, a point-to-point round one.
+  [[nodiscard]] constexpr int backend_calls() const {
+    int n = 0;
+    for (const BatchRound& r : rounds_) n += detail::round_calls(plans_[0].src().mesh(), r);
+    return n;
+  }
+  // The most backend calls any one tensor's plan makes alone.
+  [[nodiscard]] constexpr int backend_calls_alone_max() const {
+    int most = 0;
+    for (const Plan& p : plans_) {
+      int n = 0;
+      for (const Step& s : p)
+        if (detail::communicates(s))
+          n += detail::round_calls(p.src().mesh(), detail::round_key(p, s));
+      most = n > most ? n : most;
+    }
+    return most;
+  }
+
   template <std::size_t M>
-  friend constexpr BatchPlan<M> plan_batch(std::span<const Redistribution>, PlanOptions);
+  friend constexpr BatchPlan<M> plan_batch(std::span<const Redistribution>, PlanOptions,
+                                           BatchSchedule);
 
  private:
   detail::static_vector<Plan, N> plans_;
@@ -142,7 +219,9 @@ class BatchPlan {
   std::int64_t bytes_send_max_ = 0;
   double est_us_ = 0;
 
-  constexpr void schedule();
+  constexpr void schedule(BatchSchedule how);
+  constexpr void schedule_greedy();
+  constexpr void schedule_aligned();
   constexpr void cost();
 };
 
@@ -164,7 +243,9 @@ constexpr RankBytes round_rank_bytes(const BatchPlan<N>& batch, std::size_t r, i
         elem = p.src().elem_bytes();
         continue;
       }
-      const RankBytes b = step_rank_bytes(p, i, rank);
+      const RankBytes b = round.kind == StepKind::exchange
+                              ? detail::point_to_point_cost(p, p[i], c, p.cost_model()).bytes
+                              : step_rank_bytes(p, i, rank);
       total.send = detail::bytes_add(total.send, b.send);
       total.recv = detail::bytes_add(total.recv, b.recv);
     }
@@ -191,13 +272,76 @@ constexpr RankBytes batch_rank_bytes(const BatchPlan<N>& batch, int rank) {
   return total;
 }
 
+// Rounds and costs, as `how` says (BatchSchedule).
+template <std::size_t N>
+constexpr void BatchPlan<N>::schedule(BatchSchedule how) {
+  auto redo = [&](bool aligned) {
+    rounds_.clear();
+    round_of_.clear();
+    if (aligned)
+      schedule_aligned();
+    else
+      schedule_greedy();
+    cost();
+  };
+  redo(false);
+  if (plans_.empty()) return;
+  if (how == BatchSchedule::fewest_calls) {
+    if (backend_calls() > backend_calls_alone_max()) redo(true);
+    return;
+  }
+  const double greedy_us = est_us_;
+  const int greedy_calls = backend_calls();
+  redo(true);
+  constexpr double eps = 1e-9;
+  if (greedy_us < est_us_ - eps || (greedy_us <= est_us_ + eps && greedy_calls <= backend_calls()))
+    redo(false);
+}
+
+// Aligned rounds: round r holds the r-th communicating step of every tensor that has one. A
+// round whose steps all fuse is their collective; any other is one point-to-point round that
+// runs each of its steps as messages (point_to_point_cost). There are as many rounds as the
+// longest plan has communicating steps, and each calls the backend no more often than that
+// plan's step at the same position: the batch no more often than that plan alone.
+template <std::size_t N>
+constexpr void BatchPlan<N>::schedule_aligned() {
+  const std::size_t n = plans_.size();
+  std::array<std::size_t, N> at{};  // each tensor's next step
+  for (std::size_t t = 0; t < n; ++t) {
+    round_of_.push_back({});
+    round_of_[t].fill(-1);
+  }
+  while (true) {
+    BatchRound round;
+    bool any = false, same = true;
+    for (std::size_t t = 0; t < n; ++t) {
+      const Plan& p = plans_[t];
+      while (at[t] < p.size() && !detail::communicates(p[at[t]])) ++at[t];
+      if (at[t] == p.size()) continue;
+      const BatchRound key = detail::round_key(p, p[at[t]]);
+      if (!any) round = key;
+      same = same && detail::same_round(round, key);
+      any = true;
+    }
+    if (!any) return;
+    if (!same) round = BatchRound{};  // a point-to-point round
+    const auto index = static_cast<std::int16_t>(rounds_.size());
+    for (std::size_t t = 0; t < n; ++t) {
+      if (at[t] == plans_[t].size()) continue;
+      round_of_[t][at[t]++] = index;
+      ++round.tensors;
+    }
+    rounds_.push_back(round);
+  }
+}
+
 // Rounds, greedily: the next round is the next step of the tensor with the most communicating
 // steps left (ties: the step most tensors wait at), and every tensor waiting at a step of the
 // same collective joins it. When every tensor's sequence of collectives is a subsequence of
 // the longest one (tensors with the same pair of placements, or a subset of its steps), the
 // batch issues exactly as many collectives as that longest plan.
 template <std::size_t N>
-constexpr void BatchPlan<N>::schedule() {
+constexpr void BatchPlan<N>::schedule_greedy() {
   const std::size_t n = plans_.size();
   std::array<std::size_t, N> at{};     // each tensor's next communicating step
   std::array<bool, N> waiting{};       // whether it has one
@@ -272,13 +416,9 @@ constexpr void BatchPlan<N>::cost() {
         for (std::size_t s = 0; s < p.size(); ++s) {
           if (round_of_[t][s] != static_cast<int>(r)) continue;
           const Step& st = p[s];
-          const double l = detail::rank_step_cost(p.src(), st.before, st.after, st.kind,
-                                                  st.mesh_dim, st.padded, c, lat)
-                               .us;
+          const double l = detail::round_step_cost(p, st, round.kind, c, lat).us;
           latency = l > latency ? l : latency;
-          bandwidth += detail::rank_step_cost(p.src(), st.before, st.after, st.kind, st.mesh_dim,
-                                              st.padded, c, bw)
-                           .us;
+          bandwidth += detail::round_step_cost(p, st, round.kind, c, bw).us;
         }
       }
       const double us = latency + bandwidth;
@@ -292,9 +432,10 @@ constexpr void BatchPlan<N>::cost() {
 
 // The batched plan of `batch` (at most N tensors, all on one mesh; shapes, dtypes and
 // placements may differ): each tensor planned by plan_redistribute with `options`, then its
-// steps grouped into rounds.
+// steps grouped into rounds as `schedule` says.
 template <std::size_t N = default_batch_capacity>
-constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOptions options = {}) {
+constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOptions options = {},
+                                  BatchSchedule schedule = BatchSchedule::cheapest) {
   if (batch.size() > N) detail::fail<detail::why::batch_too_many>(N, batch.size());
   BatchPlan<N> out;
   for (std::size_t t = 0; t < batch.size(); ++t) {
@@ -303,16 +444,16 @@ constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOpt
                                                      batch[0].src.mesh().shape());
     out.plans_.push_back(plan_redistribute(batch[t].src, batch[t].dst, options));
   }
-  out.schedule();
-  out.cost();
+  out.schedule(schedule);
   return out;
 }
 
 // plan_redistribute over a list of (source, target) pairs: the batched plan (plan_batch).
 template <std::size_t N = default_batch_capacity>
 constexpr BatchPlan<N> plan_redistribute(std::span<const Redistribution> batch,
-                                         PlanOptions options = {}) {
-  return plan_batch<N>(batch, options);
+                                         PlanOptions options = {},
+                                         BatchSchedule schedule = BatchSchedule::cheapest) {
+  return plan_batch<N>(batch, options, schedule);
 }
 
 }  // namespace dtensor

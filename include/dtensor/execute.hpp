@@ -26,13 +26,17 @@ namespace dtensor {
 
 namespace detail {
 
-// Bytes of the send/receive staging one step allocates on the rank at `me`.
-inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const MeshCoord& me) {
+// Bytes of the send/receive staging one step allocates on the rank at `me`; with `messages`, as
+// run_plan runs it in point-to-point messages (exact pieces; an all-reduce keeps the g blocks).
+inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const MeshCoord& me,
+                                       bool messages = false) {
   const Step& s = plan[i];
   const Layout& base = plan.src();
   const std::int64_t elem = base.elem_bytes();
   const Box have = base.local_box(s.before, me), want = base.local_box(s.after, me);
   const int k = s.mesh_dim;
+  if (messages && s.kind == StepKind::all_reduce)
+    return bytes_mul(base.mesh().size(k), bytes_mul(have.numel(), elem));
   switch (s.kind) {
     case StepKind::all_gather:
     case StepKind::reduce_scatter:
@@ -42,9 +46,9 @@ inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const Me
                  scatter = s.kind == StepKind::reduce_scatter;
       const int i_dim = gather || !scatter ? s.before[k].dim() : -1;
       const int j_dim = scatter || !gather ? s.after[k].dim() : -1;
-      const bool even = step_is_even(plan, s);
+      const bool even = !messages && step_is_even(plan, s);
       auto largest = [&](std::int64_t n) { return chunk_range(n, g, 0, base.policy()).size; };
-      if (even || s.padded) {
+      if (even || (s.padded && !messages)) {
         // One piece per member, padded to the largest.
         Shape piece = gather ? have.shape : want.shape;
         if (!gather && !scatter) piece = have.shape;
@@ -58,7 +62,8 @@ inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const Me
       // Exact: the point-to-point round's buffers. All-gather receives into staging and sends
       // its block as is; reduce-scatter packs every member's piece and keeps g partials of
       // its own; all-to-all packs what it sends and stages what it receives.
-      const RankBytes b = step_rank_bytes(plan, i, base.mesh().rank(me));
+      const RankBytes b =
+          rank_step_cost(base, s.before, s.after, s.kind, k, false, me, plan.cost_model()).bytes;
       if (gather) return b.recv;
       if (scatter) return b.send + want.numel() * elem * g;
       return b.send + b.recv;
@@ -71,12 +76,9 @@ inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const Me
   }
 }
 
-}  // namespace detail
-
-// Bytes of scratch memory execute() holds at most on any rank for this plan: the blocks
-// between steps (two buffers, reused) plus the staging of the largest step. Not counted: the
-// caller's source and target, and what a backend allocates inside its collectives.
-inline std::int64_t workspace_bytes(const Plan& plan) {
+// workspace_bytes(plan), with the steps whose bit is set in `point_to_point` run as messages
+// (run_plan's argument of that name).
+inline std::int64_t workspace_bytes(const Plan& plan, std::uint32_t point_to_point) {
   const DeviceMesh& mesh = plan.src().mesh();
   const std::int64_t elem = plan.src().elem_bytes();
   std::int64_t most = 0;
@@ -89,7 +91,7 @@ inline std::int64_t workspace_bytes(const Plan& plan) {
     }
     std::int64_t staging = 0;
     for (std::size_t i = 0; i < plan.size(); ++i) {
-      const std::int64_t b = detail::step_staging_bytes(plan, i, me);
+      const std::int64_t b = step_staging_bytes(plan, i, me, (point_to_point >> i & 1u) != 0);
       staging = b > staging ? b : staging;
     }
     const std::int64_t total = between[0] + between[1] + staging;
@@ -97,6 +99,13 @@ inline std::int64_t workspace_bytes(const Plan& plan) {
   }
   return most;
 }
+
+}  // namespace detail
+
+// Bytes of scratch memory execute() holds at most on any rank for this plan: the blocks
+// between steps (two buffers, reused) plus the staging of the largest step. Not counted: the
+// caller's source and target, and what a backend allocates inside its collectives.
+inline std::int64_t workspace_bytes(const Plan& plan) { return detail::workspace_bytes(plan, 0); }
 
 // What one execute() call used, for tests and tuning.
 struct ExecuteStats {

@@ -120,6 +120,16 @@ struct PackingBuffers {
   [[nodiscard]] std::size_t size() const { return send.size() + recv.size(); }
 };
 
+// The steps of tensor t that run as point-to-point messages, one bit per step (run_plan's
+// point_to_point).
+template <std::size_t N>
+std::uint32_t messages_of(const BatchPlan<N>& batch, std::size_t t) {
+  std::uint32_t bits = 0;
+  for (std::size_t i = 0; i < batch[t].size(); ++i)
+    if (batch.point_to_point(t, i)) bits |= 1u << i;
+  return bits;
+}
+
 // Runs the parked operations `ops` of one round as one backend call, packing in `buffers`.
 template <class B>
 void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers) {
@@ -262,7 +272,8 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
 template <std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   std::int64_t own = 0, packing = 0;
-  for (const Plan& p : batch) own = detail::bytes_add(own, workspace_bytes(p));
+  for (std::size_t t = 0; t < batch.size(); ++t)
+    own = detail::bytes_add(own, detail::workspace_bytes(batch[t], detail::messages_of(batch, t)));
   if (batch.empty()) return own;
   const DeviceMesh& mesh = batch[0].src().mesh();
   for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
@@ -275,9 +286,9 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
         for (std::size_t s = 0; s < p.size(); ++s) {
           if (batch.round_of(t, s) != static_cast<int>(r)) continue;
           const std::int64_t b =
-              p[s].kind == StepKind::all_reduce
+              p[s].kind == StepKind::all_reduce && !batch.point_to_point(t, s)
                   ? 2 * p.src().local_box(p[s].before, me).numel() * p.src().elem_bytes()
-                  : detail::step_staging_bytes(p, s, me);
+                  : detail::step_staging_bytes(p, s, me, batch.point_to_point(t, s));
           round = detail::bytes_add(round, b);
         }
       }
@@ -316,7 +327,8 @@ void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffer
     for (std::size_t t = 0; t < n; ++t) {
       tasks.push_back(detail::run_plan(batch[t], detail::BatchLink<B>{backend, &slots[t]}, me[t],
                                        static_cast<const std::byte*>(buffers[t].src),
-                                       static_cast<std::byte*>(buffers[t].dst), &peaks[t]));
+                                       static_cast<std::byte*>(buffers[t].dst), &peaks[t],
+                                       detail::messages_of(batch, t)));
       tasks.back().handle().resume();  // its local steps, up to its first round
       if (tasks.back().done()) tasks.back().result();
     }

@@ -115,9 +115,11 @@ std::string explain(const BatchPlan<N>& batch) {
   }
   out += fmt::format(
       "total: {} collectives (one by one: {}), recv max {}; est {:.2f} us (one by one: {:.2f} us, "
-      "saves {:.2f} us)\n",
+      "saves {:.2f} us)\nbackend calls (a collective: one per group): {}; the busiest tensor "
+      "alone: {}\n",
       batch.collectives(), batch.collectives_unbatched(), human_bytes(batch.bytes_recv_max()),
-      batch.est_us(), batch.est_us_unbatched(), batch.saving_us());
+      batch.est_us(), batch.est_us_unbatched(), batch.saving_us(), batch.backend_calls(),
+      batch.backend_calls_alone_max());
   return out;
 }
 

@@ -88,30 +88,33 @@ int main(int argc, char** argv) {
     for (int size : {1, 3, 16}) {
       std::vector<Redistribution> tensors;
       for (int t = 0; t < size; ++t) tensors.push_back(random_tensor(rng, mesh));
-      const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors));
-      std::vector<std::vector<std::byte>> in, out;
-      std::vector<TensorBuffers> buffers;
-      for (std::size_t t = 0; t < batch->size(); ++t) {
-        const Layout& src = (*batch)[t].src();
-        detail::visit_dtype(src.dtype(), [&]<class T>() {
-          const std::vector<T> block = global_view_block<T>(src, world_rank);
-          in.emplace_back(reinterpret_cast<const std::byte*>(block.data()),
-                          reinterpret_cast<const std::byte*>(block.data() + block.size()));
-        });
-        out.emplace_back(static_cast<std::size_t>((*batch)[t].dst().local_bytes(world_rank)));
+      for (const BatchSchedule how : {BatchSchedule::cheapest, BatchSchedule::fewest_calls}) {
+        const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors, {}, how));
+        std::vector<std::vector<std::byte>> in, out;
+        std::vector<TensorBuffers> buffers;
+        for (std::size_t t = 0; t < batch->size(); ++t) {
+          const Layout& src = (*batch)[t].src();
+          detail::visit_dtype(src.dtype(), [&]<class T>() {
+            const std::vector<T> block = global_view_block<T>(src, world_rank);
+            in.emplace_back(reinterpret_cast<const std::byte*>(block.data()),
+                            reinterpret_cast<const std::byte*>(block.data() + block.size()));
+          });
+          out.emplace_back(static_cast<std::size_t>((*batch)[t].dst().local_bytes(world_rank)));
+        }
+        for (std::size_t t = 0; t < batch->size(); ++t)
+          buffers.push_back({in[t].data(), in[t].size(), out[t].data(), out[t].size()});
+        std::string problem;
+        try {
+          execute(*batch, backend, std::span<const TensorBuffers>(buffers));
+          problem = check(*batch, out, world_rank);
+        } catch (const std::exception& e) {
+          problem = e.what();
+        }
+        verdicts.agree(fmt::format("mesh {}, batch of {} ({} rounds, {})", spelling, size,
+                                   batch->collectives(),
+                                   how == BatchSchedule::cheapest ? "cheapest" : "fewest calls"),
+                       problem.empty(), problem);
       }
-      for (std::size_t t = 0; t < batch->size(); ++t)
-        buffers.push_back({in[t].data(), in[t].size(), out[t].data(), out[t].size()});
-      std::string problem;
-      try {
-        execute(*batch, backend, std::span<const TensorBuffers>(buffers));
-        problem = check(*batch, out, world_rank);
-      } catch (const std::exception& e) {
-        problem = e.what();
-      }
-      verdicts.agree(
-          fmt::format("mesh {}, batch of {} ({} rounds)", spelling, size, batch->collectives()),
-          problem.empty(), problem);
     }
   }
   // A batched execute() while an execution is still to start operations on the backend: refused

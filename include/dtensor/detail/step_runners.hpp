@@ -293,6 +293,42 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
   co_return packed.size() + staging.size();
 }
 
+// An all-reduce as one point-to-point round (a step of a batch's round whose steps differ):
+// each member sends its block to every other member and reduces the g blocks in group order,
+// so every member computes bit-identical values.
+template <class L, class Ops>
+Task<std::size_t> run_all_reduce_exact(L link, const Ops& ops, const StepContext& c,
+                                       const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim;
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const std::size_t block = bytes_of(c.have, c.elem);
+  const bool in_place = cur == out;  // then this member's block is copied aside too
+  auto partials = ops.allocate(block * static_cast<std::size_t>(in_place ? g : g - 1));
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  std::vector<const void*> parts(static_cast<std::size_t>(g));
+  std::size_t next = 0;
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    if (j == me && !in_place) {
+      parts[u] = cur;
+      continue;
+    }
+    std::byte* at = partials.data() + next++ * block;
+    parts[u] = at;
+    if (j == me) {
+      if (block) ops.copy(at, cur, block);
+    } else if (block) {
+      sends.push_back({global_rank(c, j), cur, block});
+      recvs.push_back({global_rank(c, j), at, block});
+    }
+  }
+  co_await link.exchange(sends, recvs);
+  ops.reduce(c.plan.src().dtype(), out, parts, static_cast<std::size_t>(c.have.numel()),
+             c.step.before[k].reduce_op());
+  co_return partials.size();
+}
+
 template <class L, class Ops>
 Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
                                std::byte* out) {
@@ -374,10 +410,12 @@ void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, st
 
 // Every step of `plan` on the rank at `me`: reads its source block from `src`, writes its
 // target block to `dst`, and records in `*scratch_peak` (when given) the most scratch memory it
-// held at once.
+// held at once. The steps whose bit is set in `point_to_point` run as point-to-point messages
+// with exact pieces (a batch's round whose steps differ; BatchPlan::point_to_point).
 template <class L>
 Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src, std::byte* dst,
-                    std::int64_t* scratch_peak) {
+                    std::int64_t* scratch_peak, std::uint32_t point_to_point = 0) {
+  static_assert(max_plan_steps <= 32, "point_to_point has one bit per step");
   const auto ops = local_ops_of(link.backend);
   const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
   if (plan.empty()) {
@@ -390,7 +428,10 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
   using Buffer = std::remove_cvref_t<decltype(ops.allocate(0))>;
   Buffer buffers[2];
   for (std::size_t i = 0; i < plan.size(); ++i) {
-    const Step& step = plan[i];
+    const bool messages = (point_to_point >> i & 1u) != 0;
+    Step exact = plan[i];
+    exact.padded = false;
+    const Step& step = messages ? exact : plan[i];
     const StepContext c{plan,
                         step,
                         plan.src().with_placements(step.before),
@@ -399,7 +440,7 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
                         plan.src().local_box(step.before, me),
                         plan.src().local_box(step.after, me),
                         elem,
-                        step_is_even(plan, step)};
+                        !messages && step_is_even(plan, step)};
     std::byte* out = dst;
     if (i + 1 < plan.size()) {
       Buffer& next = buffers[i % 2];
@@ -423,6 +464,10 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
         staged = co_await run_reduce_scatter(link, ops, c, cur, out);
         break;
       case StepKind::all_reduce:
+        if (messages) {
+          staged = co_await run_all_reduce_exact(link, ops, c, cur, out);
+          break;
+        }
         co_await link.all_reduce(step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
                                  plan.src().dtype(), step.before[step.mesh_dim].reduce_op());
         break;
