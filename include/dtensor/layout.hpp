@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "config.hpp"
@@ -150,7 +151,10 @@ class Layout {
   // The block the rank at `coord` would hold under other (valid, resolved) placements.
   [[nodiscard]] constexpr Box local_box(const Placements& placements,
                                         const MeshCoord& coord) const {
-    return outer_box(placements, coord, mesh_.ndim());
+    check_cut(placements, coord, mesh_.ndim());
+    Box box{zero_offsets_[shape_.size()], shape_};
+    for (std::size_t k = 0; k < mesh_.shape().size(); ++k) cut_unchecked(box, placements, coord, k);
+    return box;
   }
   // The block cut by the shards of mesh dims before `depth` only: the union of the blocks of
   // every rank that agrees with `coord` on those dims.
@@ -225,6 +229,13 @@ class Layout {
     box.offset[d] += r.start;
     box.shape[d] = r.size;
   }
+
+  // Offsets of zero, of 0 to max_tensor_dims dims: a box starts as a copy of one, no loop.
+  static constexpr std::array<Shape, max_tensor_dims + 1> zero_offsets_ = [] {
+    std::array<Shape, max_tensor_dims + 1> out;
+    for (std::size_t n = 0; n < out.size(); ++n) out[n].resize(n, 0);
+    return out;
+  }();
 
   static constexpr std::int64_t numel_of(const Shape& s) {
     std::int64_t n = 1;

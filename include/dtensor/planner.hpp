@@ -59,6 +59,18 @@ constexpr bool transition_valid(int k, const Placements& before, const Placement
   return true;
 }
 
+// transition_valid(k, before, after) where `after` is `before` with mesh dim k set to `to`:
+// the checks read only mesh dim k of either side and the other dims, which both share.
+constexpr bool transition_valid_to(int k, const Placements& before, const Placement& to) {
+  const Placement from = before[k];
+  if (from == to) return true;
+  if (from.is_shard() && !innermost_shard(before, k, from.dim())) return false;
+  if (to.is_shard() && !innermost_shard(before, k, to.dim())) return false;
+  if (from.is_partial() && !passes_outer_partials(before, k, from.reduce_op())) return false;
+  if (to.is_partial() && !passes_outer_partials(before, k, to.reduce_op())) return false;
+  return true;
+}
+
 // The mesh dims before k that shard tensor dim d, as a bit set: the pieces a shard on k cuts.
 constexpr unsigned outer_shards(const Placements& ps, int k, int d) noexcept {
   unsigned bits = 0;
@@ -129,10 +141,9 @@ constexpr Transitions reductions_first(const Placements& src, Transitions ts) {
 constexpr bool transitions_valid(const Placements& src, const Transitions& ts) {
   Placements state = src;
   for (const Transition& t : ts) {
-    Placements next = state;
-    next[t.mesh_dim] = t.to;
-    if (!(state[t.mesh_dim] == t.from) || !transition_valid(t.mesh_dim, state, next)) return false;
-    state = next;
+    if (!(state[t.mesh_dim] == t.from) || !transition_valid_to(t.mesh_dim, state, t.to))
+      return false;
+    state[t.mesh_dim] = t.to;
   }
   return true;
 }
@@ -194,13 +205,10 @@ constexpr Transitions reduce_all_first(const Placements& src, const Placements& 
   Placements state = mid;
   while (!pending.empty()) {
     std::size_t pick = pending.size();
-    for (std::size_t i = 0; i < pending.size() && pick == pending.size(); ++i) {
-      Placements next = state;
-      next[pending[i].mesh_dim] = pending[i].to;
+    for (std::size_t i = 0; i < pending.size() && pick == pending.size(); ++i)
       if (state[pending[i].mesh_dim] == pending[i].from &&
-          transition_valid(pending[i].mesh_dim, state, next))
+          transition_valid_to(pending[i].mesh_dim, state, pending[i].to))
         pick = i;
-    }
     if (pick == pending.size()) break;
     state[pending[pick].mesh_dim] = pending[pick].to;
     ts.push_back(pending[pick]);
@@ -280,12 +288,15 @@ constexpr StepKind step_kind(const Placement& from, const Placement& to) noexcep
 // or disjoint, so this is the size of their union inside `within`).
 constexpr std::int64_t union_numel(const Layout& l, const Placements& ps, const MeshCoord& base,
                                    const bool* fixed, const Box& within) {
-  // Ranks that differ only on non-shard dims hold the same box: visit one of each.
-  bool skip[max_mesh_dims] = {};
-  for (int k = 0; k < l.mesh().ndim(); ++k) skip[k] = fixed[k] || !ps[k].is_shard();
-  std::int64_t total = 0;
-  for_each_coord(l.mesh(), base, skip,
-                 [&](const MeshCoord& c) { total += overlap_numel(l.local_box(ps, c), within); });
+  // Ranks that differ only on non-shard dims hold the same box: one of each counts. Boxes are
+  // products of ranges, so the sum is a product over tensor dims of sums over their shards.
+  unsigned vary = 0;
+  for (int k = 0; k < l.mesh().ndim(); ++k)
+    if (!fixed[k] && ps[k].is_shard()) vary |= 1u << k;
+  std::int64_t total = 1;
+  for (int d = 0; d < l.tensor_ndim() && total != 0; ++d)
+    total *= overlap_over(l, ps, base, vary, 0, d, {0, l.global_shape()[d]},
+                          {within.offset[d], within.shape[d]});
   return total;
 }
 
@@ -468,10 +479,10 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
     for (int i = 0; i < t; ++i) {
       if ((m >> i & 1u) != 0 || (before_mask[i] & ~m) != 0) continue;
       const Transition& tr = ts[i];
-      if (!(state[tr.mesh_dim] == tr.from)) continue;
+      if (!(state[tr.mesh_dim] == tr.from) || !transition_valid_to(tr.mesh_dim, state, tr.to))
+        continue;
       Placements next = state;
       next[tr.mesh_dim] = tr.to;
-      if (!transition_valid(tr.mesh_dim, state, next)) continue;
       const unsigned n = m | 1u << i;
       const double c = best[m] + order_step_cost(base, state, next, tr.mesh_dim, o);
       if (c < best[n]) {
@@ -587,9 +598,13 @@ struct plan_builder {
       if (o.padding == Padding::always) {
         s.padded = true;
       } else if (o.objective == Objective::time) {
+        // The step's times depend only on the rank's blocks, which differ only along mesh dims
+        // that shard before or after it.
         StepTimes most;
-        const bool all[max_mesh_dims] = {};
-        for_each_coord(mesh, origin, all, [&](const MeshCoord& c) {
+        bool same[max_mesh_dims] = {};
+        for (int k = 0; k < mesh.ndim(); ++k)
+          same[k] = !s.before[k].is_shard() && !s.after[k].is_shard();
+        for_each_coord(mesh, origin, same, [&](const MeshCoord& c) {
           const StepTimes t =
               step_times(plan, s, c, base.local_box(s.before, c), base.local_box(s.after, c), true);
           most.padded = t.padded > most.padded ? t.padded : most.padded;
@@ -772,13 +787,20 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   for (int i = 0; i < num_reduced + num_made + num_chunked && combos <= 64; ++i) combos *= choices;
   const bool all = combos <= 64;
   if (!all) combos = 1;
+  // A choice of S(d) where the natural placement is S(d) repeats the combination with choice 0
+  // there (a smaller one): its plan is that one's, and unless the best plan changed since, so
+  // is the outcome.
+  int last_change = -1;
   for (int combo = 0; combo < combos; ++combo) {
-    int rest = combo;
+    int rest = combo, weight = 1, same_as = combo;
     auto pick = [&](const Placement& natural) {
       if (!all) return natural;
       const int choice = rest % choices;
       rest /= choices;
-      return choice == 0 ? natural : Placement::shard(choice - 1);
+      const Placement picked = choice == 0 ? natural : Placement::shard(choice - 1);
+      if (choice != 0 && picked == natural) same_as -= choice * weight;
+      weight *= choices;
+      return picked;
     };
     Transitions prefix, suffix;
     Placements mid = a;
@@ -806,13 +828,17 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // dims from the intermediate's placement, on reduced dims from what the reduction left.
     for (int k = static_cast<int>(b.size()); k-- > 0;)
       if (b[k].is_partial()) suffix.push_back({k, end[k], b[k]});
+    if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
     if (options.objective == Objective::time && !plan_builder::pruned(best) &&
         exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model) >
             plan_builder::time_to_beat(best))
       continue;
     const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options, &best, &probe);
-    if (better(p, best, options.objective)) best = p;
+    if (better(p, best, options.objective)) {
+      best = p;
+      last_change = combo;
+    }
   }
 }
 

@@ -109,6 +109,37 @@ constexpr std::int64_t pieces_overlapping(const Layout& base, const Placements& 
   return count;
 }
 
+// The elements of range `have` of tensor dim d inside the pieces that the shards of `ps` from
+// mesh dim `depth` on cut `range` into, summed over the coordinates on the mesh dims in `vary`
+// (a bit set; the others are `coord`'s): the pieces are disjoint, so this is how much of `have`
+// those ranks' blocks of dim d hold together. Recursion as pieces_overlapping.
+// NOLINTNEXTLINE(misc-no-recursion): bounded by the mesh's dims, see above
+constexpr std::int64_t overlap_over(const Layout& base, const Placements& ps,
+                                    const MeshCoord& coord, unsigned vary, int depth, int d,
+                                    Range range, Range have) {
+  const int n = base.mesh().ndim();
+  int next = depth;
+  while (next < n && !ps[next].is_shard(d)) ++next;
+  if (next == n) {
+    const std::int64_t lo = range.start > have.start ? range.start : have.start;
+    const std::int64_t hi_a = range.start + range.size, hi_b = have.start + have.size;
+    const std::int64_t hi = hi_a < hi_b ? hi_a : hi_b;
+    return hi > lo ? hi - lo : 0;
+  }
+  const int g = base.mesh().shape()[static_cast<std::size_t>(next)];
+  if ((vary >> next & 1u) == 0) {
+    const Range r = chunk_range(range.size, g, coord[next], base.policy());
+    return overlap_over(base, ps, coord, vary, next + 1, d, {range.start + r.start, r.size}, have);
+  }
+  std::int64_t total = 0;
+  for (int j = 0; j < g; ++j) {
+    const Range r = chunk_range(range.size, g, j, base.policy());
+    total +=
+        overlap_over(base, ps, coord, vary, next + 1, d, {range.start + r.start, r.size}, have);
+  }
+  return total;
+}
+
 struct ExchangeCost {
   std::int64_t send = 0;  // elements
   std::int64_t recv = 0;  // elements
@@ -118,8 +149,9 @@ struct ExchangeCost {
 // An exchange, seen from the rank at `coord` (see for_each_exchange_source). The sources that
 // first differ from it on mesh dim k hold the part of its target block inside box V_k but
 // outside V_(k+1), where V_k is cut by the source's shards of mesh dims before k (V_0 is the
-// tensor, V_n its own block): elements and messages per link class in O(mesh dims).
-// `have` and `want` are the rank's blocks before and after.
+// tensor, V_n its own block): elements and messages per link class in O(mesh dims). Boxes are
+// products of ranges, so both counts are products over tensor dims, and a cut by mesh dim k
+// changes one factor. `have` and `want` are the rank's blocks before and after.
 constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& before,
                                      const Placements& after, const MeshCoord& coord,
                                      const Box& have, const Box& want, const CostModel& cost) {
@@ -127,20 +159,39 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim();
   const int nd = base.tensor_ndim();
+  for (const std::size_t size : {before.size(), after.size(), coord.size()})
+    if (size < static_cast<std::size_t>(n)) fail<why::index_out_of_range>(n - 1, size);
   if (!want.empty()) {
+    // Per tensor dim: V_k's range, the part of it inside `want`, and the pieces of it that the
+    // shards of mesh dims from k on cut and that overlap `want`.
+    Range v[max_tensor_dims] = {};
+    std::int64_t inside_d[max_tensor_dims] = {}, tiles_d[max_tensor_dims] = {};
     std::int64_t inside_prev = want.numel();  // |want ∩ V_0|
     std::int64_t tiles_prev = 1;
-    for (int d = 0; d < nd; ++d)
-      tiles_prev *= pieces_overlapping(base, before, 0, d, {0, base.global_shape()[d]},
-                                       {want.offset[d], want.shape[d]});
-    Box v = base.outer_box(before, coord, 0);  // V_0, then V_(k+1) from V_k
+    for (int d = 0; d < nd; ++d) {
+      v[d] = {0, base.global_shape()[d]};
+      inside_d[d] = want.shape[d];
+      tiles_d[d] = pieces_overlapping(base, before, 0, d, v[d], {want.offset[d], want.shape[d]});
+      tiles_prev *= tiles_d[d];
+    }
     for (int k = 0; k < n; ++k) {
-      base.cut(v, before, coord, k);
-      const std::int64_t inside = overlap_numel(want, v);
-      std::int64_t tiles = 1;
-      for (int d = 0; d < nd; ++d)
-        tiles *= pieces_overlapping(base, before, k + 1, d, {v.offset[d], v.shape[d]},
-                                    {want.offset[d], want.shape[d]});
+      const Placement& p = before[k];
+      if (!p.is_shard()) continue;  // V_(k+1) is V_k: nothing comes from across mesh dim k
+      const int d = p.dim();
+      const Range r = chunk_range(v[d].size, mesh.shape()[static_cast<std::size_t>(k)], coord[k],
+                                  base.policy());
+      v[d] = {v[d].start + r.start, r.size};
+      const std::int64_t lo = v[d].start > want.offset[d] ? v[d].start : want.offset[d];
+      const std::int64_t hi_v = v[d].start + v[d].size, hi_w = want.offset[d] + want.shape[d];
+      const std::int64_t hi = hi_v < hi_w ? hi_v : hi_w;
+      inside_d[d] = hi > lo ? hi - lo : 0;
+      tiles_d[d] =
+          pieces_overlapping(base, before, k + 1, d, v[d], {want.offset[d], want.shape[d]});
+      std::int64_t inside = 1, tiles = 1;
+      for (int e = 0; e < nd; ++e) {
+        inside *= inside_d[e];
+        tiles *= tiles_d[e];
+      }
       const std::int64_t elements = inside_prev - inside;
       const std::int64_t messages = tiles_prev - tiles;
       if (elements > 0) {
@@ -154,18 +205,19 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   }
   // Sends: to every receiver that picks this rank, the part of its block this rank holds. The
   // receivers vary on the source's shard dims; those that do not shard in the target get
-  // copies of the same block.
+  // copies of the same block, the others cut disjoint pieces of each tensor dim.
   if (!have.empty()) {
-    bool fixed[max_mesh_dims] = {};
+    unsigned vary = 0;
     std::int64_t copies = 1;
     for (int k = 0; k < n; ++k) {
-      fixed[k] = !before[k].is_shard() || !after[k].is_shard();
-      if (before[k].is_shard() && !after[k].is_shard()) copies *= mesh.size(k);
+      if (before[k].is_shard() && after[k].is_shard()) vary |= 1u << k;
+      if (before[k].is_shard() && !after[k].is_shard())
+        copies *= mesh.shape()[static_cast<std::size_t>(k)];
     }
-    std::int64_t total = 0;
-    for_each_coord(mesh, coord, fixed, [&](const MeshCoord& receiver) {
-      total += overlap_numel(have, base.local_box(after, receiver));
-    });
+    std::int64_t total = 1;
+    for (int d = 0; d < nd && total != 0; ++d)
+      total *= overlap_over(base, after, coord, vary, 0, d, {0, base.global_shape()[d]},
+                            {have.offset[d], have.shape[d]});
     out.send = bytes_mul(total, copies) - overlap_numel(have, want);
   }
   return out;
@@ -187,15 +239,14 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
     out.us = e.us;
     return out;
   }
-  if (!moves_data(kind) || base.mesh().size(k) == 1) return out;
+  if (!moves_data(kind)) return out;
+  const int g = base.mesh().size(k);
+  if (g == 1) return out;
 
   // Closed forms from this rank's blocks before and after: the step is valid, so mesh dim k
   // is the innermost to cut the tensor dims it changes, and the block after (or before, for
   // a reduce-scatter) spans the whole group's range of them.
-  const int g = base.mesh().size(k);
-  const std::int64_t own_before = mine_before.numel(), own_after = mine_after.numel();
-  // The group's largest piece along tensor dim d of a range of n elements, and whether the
-  // pieces differ.
+  // The group's largest piece along tensor dim d of a range of n elements.
   auto largest = [&](std::int64_t n) { return chunk_range(n, g, 0, base.policy()).size; };
   auto rest_without = [](const Box& box, int d1, int d2) {
     std::int64_t r = 1;
@@ -211,22 +262,31 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
       const int i = before[k].dim();
       const std::int64_t n = mine_after.shape[i];
       uneven = n % g != 0;
-      const std::int64_t padded_piece = largest(n) * rest_without(mine_after, i, i);
-      recv = padded ? bytes_mul(g - 1, padded_piece) : own_after - own_before;
-      send = padded ? bytes_mul(g - 1, padded_piece) : bytes_mul(g - 1, own_before);
+      if (padded) {
+        recv = send = bytes_mul(g - 1, largest(n) * rest_without(mine_after, i, i));
+      } else {
+        const std::int64_t own_before = mine_before.numel();
+        recv = mine_after.numel() - own_before;
+        send = bytes_mul(g - 1, own_before);
+      }
       break;
     }
     case StepKind::reduce_scatter: {
       const int j = after[k].dim();
       const std::int64_t n = mine_before.shape[j];
       uneven = n % g != 0;
-      const std::int64_t padded_piece = largest(n) * rest_without(mine_before, j, j);
-      recv = padded ? bytes_mul(g - 1, padded_piece) : bytes_mul(g - 1, own_after);
-      send = padded ? bytes_mul(g - 1, padded_piece) : own_before - own_after;
+      if (padded) {
+        recv = send = bytes_mul(g - 1, largest(n) * rest_without(mine_before, j, j));
+      } else {
+        const std::int64_t own_after = mine_after.numel();
+        recv = bytes_mul(g - 1, own_after);
+        send = mine_before.numel() - own_after;
+      }
       break;
     }
     case StepKind::all_reduce: {
       // A reduce-scatter of the block in g balanced pieces, then an all-gather of them.
+      const std::int64_t own_before = mine_before.numel();
       const std::int64_t piece = chunk_range(own_before, g, coord[k], ChunkPolicy::balanced).size;
       recv = send = bytes_add(bytes_mul(g - 1, piece), own_before - piece);
       messages = 2.0 * (g - 1);
@@ -236,10 +296,13 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
       const int i = before[k].dim(), j = after[k].dim();
       const std::int64_t ni = mine_after.shape[i], nj = mine_before.shape[j];
       uneven = ni % g != 0 || nj % g != 0;
-      const std::int64_t kept = overlap_numel(mine_before, mine_after);
-      const std::int64_t padded_piece = largest(ni) * largest(nj) * rest_without(mine_before, i, j);
-      recv = padded ? bytes_mul(g - 1, padded_piece) : own_after - kept;
-      send = padded ? bytes_mul(g - 1, padded_piece) : own_before - kept;
+      if (padded) {
+        recv = send = bytes_mul(g - 1, largest(ni) * largest(nj) * rest_without(mine_before, i, j));
+      } else {
+        const std::int64_t kept = overlap_numel(mine_before, mine_after);
+        recv = mine_after.numel() - kept;
+        send = mine_before.numel() - kept;
+      }
       break;
     }
     default: break;
