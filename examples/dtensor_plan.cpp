@@ -56,9 +56,9 @@ sharding picture of both layouts. Without --to, explains the one layout.
                          for every tensor (up to 64): explains the batched plan, whose rounds
                          move every tensor's step in one collective (instead of --shape,
                          --dtype, --from and --to; with --execute, runs it on simulated ranks)
-  --schedule cheapest    with --tensor: how steps form rounds: cheapest (by the cost model,
-                         default) or fewest-calls (never more backend calls than the busiest
-                         tensor alone)
+  --schedule fused       with --tensor: how steps form rounds: fused (collectives fused where
+                         the steps match, default) or fewest-calls (never more backend calls
+                         than the busiest tensor alone)
   --json                 print the plan (or the relabelling) as JSON
   -h, --help             this text
 )";
@@ -75,7 +75,7 @@ struct Options {
   bool execute = false, relabel = false;
   RelabelMethod relabel_method = RelabelMethod::automatic;
   bool relabel_method_given = false;
-  BatchSchedule schedule = BatchSchedule::cheapest;
+  BatchSchedule schedule = BatchSchedule::fused;
   bool schedule_given = false;
   PlanOptions plan;
   int ranks_per_node = 8;
@@ -164,12 +164,12 @@ Options parse_args(int argc, char** argv) {
           throw usage_error{fmt::format("--padding is auto, always or never, got '{}'", value)};
       } else if (arg == "--schedule") {
         o.schedule_given = true;
-        if (value == "cheapest")
-          o.schedule = BatchSchedule::cheapest;
+        if (value == "fused")
+          o.schedule = BatchSchedule::fused;
         else if (value == "fewest-calls")
           o.schedule = BatchSchedule::fewest_calls;
         else
-          throw usage_error{fmt::format("--schedule is cheapest or fewest-calls, got '{}'", value)};
+          throw usage_error{fmt::format("--schedule is fused or fewest-calls, got '{}'", value)};
       } else if (arg == "--relabel-method") {
         o.relabel_method_given = true;
         if (value == "auto")

@@ -120,8 +120,7 @@ TEST_CASE("FSDP: a layer's parameters gathered in one collective per step", "[ba
 }
 
 TEST_CASE("gradients reduced together: one all-reduce per dtype, or one message round", "[batch]") {
-  // Large gradients on 8 ranks: one all-reduce per dtype (a collective cannot mix dtypes), as
-  // the ring moves 2(g-1)/g of a block where messages would move g-1 blocks.
+  // One all-reduce per dtype (a collective cannot mix dtypes).
   const DeviceMesh m8({8});
   std::vector<Redistribution> large;
   for (int i = 0; i < 6; ++i)
@@ -138,13 +137,17 @@ TEST_CASE("gradients reduced together: one all-reduce per dtype, or one message 
   CHECK(v.verified);
   CHECK(v.collectives == 2);
 
-  // Small ones on 2x2 (groups of 2, where messages move what the ring moves): one
-  // point-to-point round, cheaper by the cost model than an all-reduce per dtype.
+  // Scheduled for the fewest calls, on 2x2 (groups of 2, where messages move what the ring
+  // moves): one point-to-point round, where the all-reduces call the backend 2 x 2 times.
   const DeviceMesh m({2, 2});
   std::vector<Redistribution> grads;
   for (int i = 0; i < 6; ++i)
     grads.push_back(pair(m, "P,R", "R,R", {4 + 4 * i, 8}, i % 2 == 0 ? DType::f32 : DType::bf16));
-  const BatchPlan<8> small = plan_batch<8>(grads);
+  const BatchPlan<8> fused = plan_batch<8>(grads);
+  CHECK(fused.collectives() == 2);
+  CHECK(fused.backend_calls() == 2 * 2);
+  CHECK(fused.backend_calls_alone_max() == 2);
+  const BatchPlan<8> small = plan_batch<8>(grads, {}, BatchSchedule::fewest_calls);
   REQUIRE(small.collectives() == 1);
   CHECK(small.rounds()[0].kind == StepKind::exchange);
   CHECK(small.rounds()[0].tensors == 6);
@@ -219,7 +222,7 @@ TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every ran
       }
     }
   WARN(
-      fmt::format("random batches: {} cases, {} backend calls batched (cheapest rounds) against {} "
+      fmt::format("random batches: {} cases, {} backend calls batched (fused rounds) against {} "
                   "one by one; {} scheduled for the fewest calls, against {} for the busiest "
                   "tensor of each batch alone",
                   cases, batched, one_by_one, fewest, busiest));

@@ -28,13 +28,14 @@ struct Redistribution {
 
 // How plan_batch groups the tensors' steps into rounds.
 enum class BatchSchedule : std::uint8_t {
-  // The greedy rounds (collectives fused wherever the tensors' steps match) or the aligned
-  // rounds (the r-th steps of all tensors together, as one point-to-point round where they
-  // differ), whichever the cost model says is faster; ties go to fewer backend calls.
-  cheapest,
+  // Greedy rounds: collectives fused wherever the tensors' steps match, point-to-point rounds
+  // only for steps that move exact sizes.
+  fused,
   // Never more backend calls than the tensor whose plan makes the most alone: the greedy
-  // rounds unless they make more, then the aligned rounds (for launch-bound runs, even where
-  // the cost model prices a point-to-point round above the collectives it replaces).
+  // rounds unless they make more, then aligned rounds (the r-th steps of all tensors together,
+  // as one point-to-point round where they differ). For launch-bound runs: on MPI over shared
+  // memory (bench/README.md) its point-to-point rounds are slower than the collectives they
+  // replace.
   fewest_calls,
 };
 
@@ -275,27 +276,14 @@ constexpr RankBytes batch_rank_bytes(const BatchPlan<N>& batch, int rank) {
 // Rounds and costs, as `how` says (BatchSchedule).
 template <std::size_t N>
 constexpr void BatchPlan<N>::schedule(BatchSchedule how) {
-  auto redo = [&](bool aligned) {
+  schedule_greedy();
+  if (how == BatchSchedule::fewest_calls && !plans_.empty() &&
+      backend_calls() > backend_calls_alone_max()) {
     rounds_.clear();
     round_of_.clear();
-    if (aligned)
-      schedule_aligned();
-    else
-      schedule_greedy();
-    cost();
-  };
-  redo(false);
-  if (plans_.empty()) return;
-  if (how == BatchSchedule::fewest_calls) {
-    if (backend_calls() > backend_calls_alone_max()) redo(true);
-    return;
+    schedule_aligned();
   }
-  const double greedy_us = est_us_;
-  const int greedy_calls = backend_calls();
-  redo(true);
-  constexpr double eps = 1e-9;
-  if (greedy_us < est_us_ - eps || (greedy_us <= est_us_ + eps && greedy_calls <= backend_calls()))
-    redo(false);
+  cost();
 }
 
 // Aligned rounds: round r holds the r-th communicating step of every tensor that has one. A
@@ -435,7 +423,7 @@ constexpr void BatchPlan<N>::cost() {
 // steps grouped into rounds as `schedule` says.
 template <std::size_t N = default_batch_capacity>
 constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOptions options = {},
-                                  BatchSchedule schedule = BatchSchedule::cheapest) {
+                                  BatchSchedule schedule = BatchSchedule::fused) {
   if (batch.size() > N) detail::fail<detail::why::batch_too_many>(N, batch.size());
   BatchPlan<N> out;
   for (std::size_t t = 0; t < batch.size(); ++t) {
@@ -452,7 +440,7 @@ constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOpt
 template <std::size_t N = default_batch_capacity>
 constexpr BatchPlan<N> plan_redistribute(std::span<const Redistribution> batch,
                                          PlanOptions options = {},
-                                         BatchSchedule schedule = BatchSchedule::cheapest) {
+                                         BatchSchedule schedule = BatchSchedule::fused) {
   return plan_batch<N>(batch, options, schedule);
 }
 

@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
     for (int size : {1, 3, 16}) {
       std::vector<Redistribution> tensors;
       for (int t = 0; t < size; ++t) tensors.push_back(random_tensor(rng, mesh));
-      for (const BatchSchedule how : {BatchSchedule::cheapest, BatchSchedule::fewest_calls}) {
+      for (const BatchSchedule how : {BatchSchedule::fused, BatchSchedule::fewest_calls}) {
         const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors, {}, how));
         std::vector<std::vector<std::byte>> in, out;
         std::vector<TensorBuffers> buffers;
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
         }
         verdicts.agree(fmt::format("mesh {}, batch of {} ({} rounds, {})", spelling, size,
                                    batch->collectives(),
-                                   how == BatchSchedule::cheapest ? "cheapest" : "fewest calls"),
+                                   how == BatchSchedule::fused ? "fused" : "fewest calls"),
                        problem.empty(), problem);
       }
     }
