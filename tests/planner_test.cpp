@@ -561,8 +561,17 @@ TEST_CASE("reduction bound: message count of merging and spreading each element"
     return lower_bound_bytes_recv_max(layout(m, a, shape), layout(m, b, shape));
   };
   const DeviceMesh m22({2, 2});
-  // 4 parts to 4 ranks: 6 messages per element over 4 ranks, the hierarchical all-reduce.
+  // 4 parts to 4 ranks: 6 messages per element over 4 ranks, the hierarchical all-reduce,
+  // which the planner finds (reduce-scatter over both mesh dims, all-gather back) where two
+  // all-reduces move twice the tensor.
   CHECK(bound(m22, "P,P", "R,R") == bytes * 6 / 4);
+  const Plan hierarchical = plan_redistribute(layout(m22, "P,P", shape), layout(m22, "R,R", shape));
+  CHECK(hierarchical.bytes_recv_max() == bytes * 6 / 4);
+  REQUIRE(hierarchical.size() == 4);
+  CHECK(hierarchical[0].kind == StepKind::reduce_scatter);
+  CHECK(hierarchical[1].kind == StepKind::reduce_scatter);
+  CHECK(hierarchical[2].kind == StepKind::all_gather);
+  CHECK(hierarchical[3].kind == StepKind::all_gather);
   // 2 parts (replicated) to 4 ranks: 4 messages per element, one all-reduce of mesh dim 0.
   CHECK(bound(m22, "P,R", "R,R") == bytes);
   // A kept Partial splits the ranks into independent classes of 2.

@@ -270,6 +270,28 @@ constexpr Transitions split_reduce_scatters(const Transitions& ts) {
   return out;
 }
 
+// The transitions with the i-th reduction to Replicate (P(op) -> R) split into a
+// reduce-scatter to S(dims[i]) and an all-gather back (S(dims[i]) -> R) after everything else,
+// the last reduced gathered first: every later reduction then runs on a scattered block, and
+// the gathers move each element once. (P, P) -> (R, R) on 2x2 moves 1.5 times the tensor so
+// (reduce-scatter over both mesh dims, all-gather back) where two all-reduces move twice it.
+// cheapest_order picks the order.
+constexpr Transitions scatter_reductions(const Transitions& ts, const int* dims) {
+  Transitions out, gathers;
+  int i = 0;
+  for (const Transition& t : ts) {
+    if (t.from.is_partial() && t.to.is_replicate()) {
+      const Placement scattered = Placement::shard(dims[i++]);
+      out.push_back({t.mesh_dim, t.from, scattered});
+      gathers.push_back({t.mesh_dim, scattered, t.to});
+    } else {
+      out.push_back(t);
+    }
+  }
+  for (std::size_t j = gathers.size(); j-- > 0;) out.push_back(gathers[j]);
+  return out;
+}
+
 // The step kind of a transition of one mesh dim (P(a) -> P(b) is split before this).
 constexpr StepKind step_kind(const Placement& from, const Placement& to) noexcept {
   if (from == to) return StepKind::identity;
@@ -961,6 +983,25 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   if (options.allow_exchange && !(a == b) &&
       (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound))
     detail::try_exchanges(src, dst, options, probe, best);
+  if (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound) {
+    // Several reductions to Replicate: reduce-scatter them all, gather back at the end, over
+    // every choice of the scattered tensor dims (at most 16 choices).
+    int reductions = 0, collectives = 0;
+    for (const detail::Transition& t : greedy) {
+      reductions += t.from.is_partial() && t.to.is_replicate() ? 1 : 0;
+      collectives += moves_data(detail::step_kind(t.from, t.to)) ? 1 : 0;
+    }
+    const int nd = src.tensor_ndim();
+    // One all-reduce alone is its reduce-scatter and all-gather already.
+    int combos = reductions >= 1 && collectives >= 2 && nd > 0 ? 1 : 0;
+    for (int i = 0; i < reductions && combos <= 16; ++i) combos *= nd;
+    for (int combo = 0; combo < combos && combos <= 16; ++combo) {
+      int dims[max_mesh_dims] = {};
+      for (int i = 0, rest = combo; i < reductions; ++i, rest /= nd) dims[i] = rest % nd;
+      consider_order(
+          detail::cheapest_order(src, detail::scatter_reductions(greedy, dims), options));
+    }
+  }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
   detail::plan_builder::set_lower_bound(best, bound);
   return best;
