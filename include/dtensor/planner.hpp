@@ -45,22 +45,11 @@ constexpr bool passes_outer_partials(const Placements& ps, int k, ReduceOp op) n
   return true;
 }
 
-// Whether changing mesh dim k from `before[k]` to `after[k]` is one operation of the groups
-// along k: a shard removed or added there must be the innermost sharding of its tensor dim,
-// otherwise the inner mesh dims' pieces change meaning and data must cross groups; a Partial
-// reduced or made there must commute with the Partials outside it.
-constexpr bool transition_valid(int k, const Placements& before, const Placements& after) {
-  const Placement from = before[k], to = after[k];
-  if (from == to) return true;
-  if (from.is_shard() && !innermost_shard(before, k, from.dim())) return false;
-  if (to.is_shard() && !innermost_shard(after, k, to.dim())) return false;
-  if (from.is_partial() && !passes_outer_partials(before, k, from.reduce_op())) return false;
-  if (to.is_partial() && !passes_outer_partials(after, k, to.reduce_op())) return false;
-  return true;
-}
-
-// transition_valid(k, before, after) where `after` is `before` with mesh dim k set to `to`:
-// the checks read only mesh dim k of either side and the other dims, which both share.
+// Whether changing mesh dim k of `before` to `to` is one operation of the groups along k: a
+// shard removed or added there must be the innermost sharding of its tensor dim, otherwise the
+// inner mesh dims' pieces change meaning and data must cross groups; a Partial reduced or made
+// there must commute with the Partials outside it. (Only mesh dim k changes, so every check
+// reads the other dims from `before`.)
 constexpr bool transition_valid_to(int k, const Placements& before, const Placement& to) {
   const Placement from = before[k];
   if (from == to) return true;
@@ -69,6 +58,16 @@ constexpr bool transition_valid_to(int k, const Placements& before, const Placem
   if (from.is_partial() && !passes_outer_partials(before, k, from.reduce_op())) return false;
   if (to.is_partial() && !passes_outer_partials(before, k, to.reduce_op())) return false;
   return true;
+}
+
+// Whether `before` -> `after` changes mesh dim k alone, by one operation of its groups
+// (transition_valid_to).
+constexpr bool transition_valid(int k, const Placements& before, const Placements& after) {
+  if (k < 0 || static_cast<std::size_t>(k) >= before.size() || before.size() != after.size())
+    return false;
+  for (std::size_t j = 0; j < before.size(); ++j)
+    if (j != static_cast<std::size_t>(k) && !(before[j] == after[j])) return false;
+  return transition_valid_to(k, before, after[static_cast<std::size_t>(k)]);
 }
 
 // The mesh dims before k that shard tensor dim d, as a bit set: the pieces a shard on k cuts.
