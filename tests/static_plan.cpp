@@ -37,6 +37,15 @@ static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)")).bytes_recv_max() =
 static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)")).lower_bound_bytes_recv_max() ==
               total / 4);
 
+// Uneven pieces: the padding choice and the one-rank rejection of candidates run at compile
+// time too. 7 rows over 2 then 2: the plan moves no less than the bound.
+constexpr Layout uneven(const char* placements) {
+  return {DeviceMesh({2, 2}), parse_placements(placements), {7, 10}};
+}
+static_assert(plan_redistribute(uneven("S(0),R"), uneven("R,S(1)")).bytes_recv_max() >=
+              plan_redistribute(uneven("S(0),R"), uneven("R,S(1)")).lower_bound_bytes_recv_max());
+static_assert(plan_redistribute(uneven("P,S(0)"), uneven("S(1),S(0)")).size() >= 1);
+
 // Adjoint pairs.
 static_assert(plan_adjoint(on1("S(0)"), on1("R"))[0].kind == StepKind::reduce_scatter);
 static_assert(plan_adjoint(on1("R"), on1("S(0)"))[0].kind == StepKind::fill);

@@ -38,6 +38,25 @@ class DeviceMesh {
  public:
   using Name = detail::fixed_string<max_dim_name_length>;
 
+ private:
+  // Defined before the constructors that call it: clang 14 cannot evaluate a member template
+  // defined later in the class in a constant expression.
+  template <class It>
+  constexpr void set_names(It first, std::size_t count) {
+    if (count == 0) return;
+    if (count != extents_.size())
+      detail::fail<detail::why::mesh_name_count>(extents_.size(), extents_.size(), count);
+    for (std::size_t i = 0; i < count; ++i, ++first) {
+      const std::string_view n = *first;
+      if (n.empty() || n.size() > max_dim_name_length)
+        detail::fail<detail::why::mesh_name_bad>(n, max_dim_name_length);
+      for (std::size_t j = 0; j < i; ++j)
+        if (names_[j].view() == n) detail::fail<detail::why::mesh_name_repeated>(n);
+      names_[i] = Name(n);
+    }
+  }
+
+ public:
   // One rank, one dim.
   constexpr DeviceMesh() : DeviceMesh(MeshShape{1}) {}
   constexpr explicit DeviceMesh(std::initializer_list<int> extents)
@@ -180,21 +199,6 @@ class DeviceMesh {
   [[nodiscard]] constexpr int checked_dim(int dim) const {
     if (dim < 0 || dim >= ndim()) detail::fail<detail::why::mesh_dim_out_of_range>(dim, ndim());
     return dim;
-  }
-
-  template <class It>
-  constexpr void set_names(It first, std::size_t count) {
-    if (count == 0) return;
-    if (count != extents_.size())
-      detail::fail<detail::why::mesh_name_count>(extents_.size(), extents_.size(), count);
-    for (std::size_t i = 0; i < count; ++i, ++first) {
-      const std::string_view n = *first;
-      if (n.empty() || n.size() > max_dim_name_length)
-        detail::fail<detail::why::mesh_name_bad>(n, max_dim_name_length);
-      for (std::size_t j = 0; j < i; ++j)
-        if (names_[j].view() == n) detail::fail<detail::why::mesh_name_repeated>(n);
-      names_[i] = Name(n);
-    }
   }
 
   // Splits rank - offset into coordinates, dims in decreasing stride order (the mesh's order).

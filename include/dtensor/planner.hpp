@@ -585,6 +585,57 @@ struct plan_builder {
     }
   }
 
+  // (loses_on and the helpers below come before cost(), which calls them: clang 14 cannot
+  // evaluate a member template defined later in the class in a constant expression.)
+  // Whether the plan's time (objective time, padding chosen per step) cannot beat the
+  // incumbent's, from one rank alone: each step's time is at least what it costs the rank at
+  // `c` padded or exact, whichever is less. Spares a losing candidate the choice of padding,
+  // which costs every step on every rank.
+  template <class MayPad>
+  static constexpr bool loses_on(const Plan& plan, const MeshCoord& c, MayPad may_pad,
+                                 const Plan& incumbent) {
+    const Layout& base = plan.src_;
+    const double limit = time_to_beat(incumbent);
+    double us = 0;
+    Box have = base.local_box(base.placements(), c);
+    for (const Step& s : plan.steps_) {
+      if (s.kind == StepKind::identity) continue;
+      const Box want = base.local_box(s.after, c);
+      if (moves_data(s.kind)) {
+        const StepTimes t = step_times(plan, s, c, have, want, may_pad(s));
+        us += may_pad(s) && t.padded < t.exact ? t.padded : t.exact;
+        if (us > limit) return true;
+      }
+      have = want;
+    }
+    return false;
+  }
+
+  // The time a candidate must not exceed to beat `incumbent` (objective time).
+  static constexpr double time_to_beat(const Plan& incumbent) noexcept {
+    return incumbent.est_us() * (1 + 1e-9) + 1e-9;
+  }
+
+  // What step `s` of `plan` costs the rank at `c` (blocks `have` before, `want` after) in time,
+  // exact and, when `with_padded`, padded.
+  struct StepTimes {
+    double padded = 0;
+    double exact = 0;
+  };
+  static constexpr StepTimes step_times(const Plan& plan, const Step& s, const MeshCoord& c,
+                                        const Box& have, const Box& want, bool with_padded) {
+    const Layout& base = plan.src_;
+    const CostModel& model = plan.options_.cost_model;
+    StepTimes t;
+    t.exact =
+        rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have, want, model).us;
+    if (with_padded)
+      t.padded =
+          rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, have, want, model)
+              .us;
+    return t;
+  }
+
   // Fills in each step's padding choice, bytes and time, and the plan's totals. With an
   // incumbent, stops early (marking the plan pruned) as soon as the maxima over the ranks seen
   // so far, or (objective time, uneven steps) the rank at `probe` alone (the origin when null),
@@ -683,55 +734,6 @@ struct plan_builder {
     });
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
-  }
-
-  // Whether the plan's time (objective time, padding chosen per step) cannot beat the
-  // incumbent's, from one rank alone: each step's time is at least what it costs the rank at
-  // `c` padded or exact, whichever is less. Spares a losing candidate the choice of padding,
-  // which costs every step on every rank.
-  template <class MayPad>
-  static constexpr bool loses_on(const Plan& plan, const MeshCoord& c, MayPad may_pad,
-                                 const Plan& incumbent) {
-    const Layout& base = plan.src_;
-    const double limit = time_to_beat(incumbent);
-    double us = 0;
-    Box have = base.local_box(base.placements(), c);
-    for (const Step& s : plan.steps_) {
-      if (s.kind == StepKind::identity) continue;
-      const Box want = base.local_box(s.after, c);
-      if (moves_data(s.kind)) {
-        const StepTimes t = step_times(plan, s, c, have, want, may_pad(s));
-        us += may_pad(s) && t.padded < t.exact ? t.padded : t.exact;
-        if (us > limit) return true;
-      }
-      have = want;
-    }
-    return false;
-  }
-
-  // The time a candidate must not exceed to beat `incumbent` (objective time).
-  static constexpr double time_to_beat(const Plan& incumbent) noexcept {
-    return incumbent.est_us() * (1 + 1e-9) + 1e-9;
-  }
-
-  // What step `s` of `plan` costs the rank at `c` (blocks `have` before, `want` after) in time,
-  // exact and, when `with_padded`, padded.
-  struct StepTimes {
-    double padded = 0;
-    double exact = 0;
-  };
-  static constexpr StepTimes step_times(const Plan& plan, const Step& s, const MeshCoord& c,
-                                        const Box& have, const Box& want, bool with_padded) {
-    const Layout& base = plan.src_;
-    const CostModel& model = plan.options_.cost_model;
-    StepTimes t;
-    t.exact =
-        rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have, want, model).us;
-    if (with_padded)
-      t.padded =
-          rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, have, want, model)
-              .us;
-    return t;
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
