@@ -999,8 +999,10 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     for (int combo = 0; combo < combos && combos <= 16; ++combo) {
       int dims[max_mesh_dims] = {};
       for (int i = 0, rest = combo; i < reductions; ++i, rest /= nd) dims[i] = rest % nd;
-      consider_order(
-          detail::cheapest_order(src, detail::scatter_reductions(greedy, dims), options));
+      // The order search for several reductions (their scattered blocks nest); one is
+      // reduce-scattered in place and gathered last.
+      const detail::Transitions scattered = detail::scatter_reductions(greedy, dims);
+      consider_order(reductions >= 2 ? detail::cheapest_order(src, scattered, options) : scattered);
     }
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
