@@ -1,5 +1,6 @@
 // Many small tensors over MPI: one batched execute() against one execute() per tensor (issue
 // 10's target: the batch at least 5x faster). Run: mpirun -np 8 build/release/bench/bench_mpi_batch
+// [runs] [pattern] (only the patterns whose name starts with that, e.g. all-reduce)
 //
 // The batch: 64 tensors of 4 KiB to 256 KiB per rank (the larger side; and a second sweep of
 // 256 B to 16 KiB, where latency dominates), f32 and bf16, as a
@@ -106,6 +107,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
+  const std::string_view only = argc > 2 ? argv[2] : "";
   const std::string mesh_1d = fmt::format("{}", size);
   const std::string mesh_2d = size % 2 == 0 ? fmt::format("2x{}", size / 2) : mesh_1d;
   const Pattern patterns[] = {
@@ -127,6 +129,7 @@ int main(int argc, char** argv) {
         "bare us", "speedup", "bare/one", "fewest calls us");
   for (const std::int64_t smallest : {std::int64_t{4096}, std::int64_t{256}})
     for (const Pattern& p : patterns) {
+      if (!p.name.starts_with(only)) continue;
       const DeviceMesh mesh = parse_mesh(p.mesh);
       MpiBackend backend(mesh);
       std::vector<Redistribution> batch;

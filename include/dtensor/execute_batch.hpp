@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -154,7 +155,13 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   }
   if (first.kind == Kind::exchange) {
     // One message per peer and direction: each tensor's messages to (from) that peer, in tensor
-    // order and, within a tensor, in its own order; sender and receiver agree on both.
+    // order and, within a tensor, in its own order; sender and receiver agree on both. A backend
+    // that moves a large message in place more cheaply than packed (B::direct_message_bytes: MPI
+    // copies it once, straight between the two ranks' buffers) sends the messages of at least
+    // that size as they are, after the packed one and in the same order; both sides pick the
+    // same ones, since each message has the same size on both.
+    std::size_t direct = std::numeric_limits<std::size_t>::max();
+    if constexpr (requires { B::direct_message_bytes; }) direct = B::direct_message_bytes;
     std::vector<int> to, from;
     std::vector<std::size_t> to_bytes, from_bytes;
     auto slot = [](std::vector<int>& peers, std::vector<std::size_t>& bytes, int peer) {
@@ -164,9 +171,20 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
       bytes.push_back(0);
       return peers.size() - 1;
     };
+    std::size_t direct_sends = 0, direct_recvs = 0;
     for (const ParkedOp* o : ops) {
-      for (const SendMessage& m : o->sends) to_bytes[slot(to, to_bytes, m.peer)] += m.bytes;
-      for (const RecvMessage& m : o->recvs) from_bytes[slot(from, from_bytes, m.peer)] += m.bytes;
+      for (const SendMessage& m : o->sends) {
+        if (m.bytes >= direct)
+          ++direct_sends;
+        else
+          to_bytes[slot(to, to_bytes, m.peer)] += m.bytes;
+      }
+      for (const RecvMessage& m : o->recvs) {
+        if (m.bytes >= direct)
+          ++direct_recvs;
+        else
+          from_bytes[slot(from, from_bytes, m.peer)] += m.bytes;
+      }
     }
     std::size_t send_total = 0, recv_total = 0;
     std::vector<std::size_t> to_at(to.size()), from_at(from.size());
@@ -176,23 +194,33 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
       from_at[i] = std::exchange(recv_total, recv_total + from_bytes[i]);
     std::byte* packed = Packing::at_least(backend, buffers.send, send_total);
     std::byte* staged = Packing::at_least(backend, buffers.recv, recv_total);
-    std::vector<std::size_t> fill = to_at;
-    for (const ParkedOp* o : ops)
-      for (const SendMessage& m : o->sends) {
-        const std::size_t i = slot(to, to_bytes, m.peer);
-        if (m.bytes) local.copy(packed + fill[i], m.data, m.bytes);
-        fill[i] += m.bytes;
-      }
     std::vector<SendMessage> sends;
     std::vector<RecvMessage> recvs;
+    sends.reserve(to.size() + direct_sends);
+    recvs.reserve(from.size() + direct_recvs);
     for (std::size_t i = 0; i < to.size(); ++i)
       if (to_bytes[i]) sends.push_back({to[i], packed + to_at[i], to_bytes[i]});
     for (std::size_t i = 0; i < from.size(); ++i)
       if (from_bytes[i]) recvs.push_back({from[i], staged + from_at[i], from_bytes[i]});
+    std::vector<std::size_t> fill = to_at;
+    for (const ParkedOp* o : ops)
+      for (const SendMessage& m : o->sends) {
+        if (m.bytes >= direct) {
+          sends.push_back(m);
+          continue;
+        }
+        const std::size_t i = slot(to, to_bytes, m.peer);
+        if (m.bytes) local.copy(packed + fill[i], m.data, m.bytes);
+        fill[i] += m.bytes;
+      }
+    for (const ParkedOp* o : ops)
+      for (const RecvMessage& m : o->recvs)
+        if (m.bytes >= direct) recvs.push_back(m);
     backend.exchange(sends, recvs);
     fill = from_at;
     for (const ParkedOp* o : ops)
       for (const RecvMessage& m : o->recvs) {
+        if (m.bytes >= direct) continue;
         const std::size_t i = slot(from, from_bytes, m.peer);
         if (m.bytes) local.copy(m.data, staged + fill[i], m.bytes);
         fill[i] += m.bytes;

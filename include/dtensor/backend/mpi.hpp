@@ -101,6 +101,10 @@ class MpiType {
 class MpiBackend {
  public:
   static constexpr MemorySpace memory = MemorySpace::host;
+  // A batch's point-to-point round sends the messages of at least this size as they are rather
+  // than packed per peer (execute_batch.hpp): shared memory moves them in one copy, from the
+  // sender's buffer to the receiver's, where a packed one costs a pack and an unpack besides.
+  static constexpr std::size_t direct_message_bytes = std::size_t{32} << 10;
 
   struct Options {
     // How long an operation may wait for its peers, counted from the first time the library

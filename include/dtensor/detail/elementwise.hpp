@@ -138,16 +138,45 @@ constexpr T identity(ReduceOp op) noexcept {
   return T{};
 }
 
+// reduce_into for one op: a chunk of elements at a time, accumulated part after part in a
+// small buffer, so that each pass is a plain loop the compiler vectorizes (the op's switch, and
+// f16/bf16's conversions, out of the inner loop). Every element sees the same operations in the
+// same order as one element at a time, so the results are bit-identical.
+template <ReduceOp Op, class T>
+void reduce_into(T* out, const T* const* in, int parts, std::size_t count) {
+  using C = compute_t<T>;
+  constexpr std::size_t chunk = 512;
+  C acc[chunk];
+  for (std::size_t at = 0; at < count; at += chunk) {
+    const std::size_t n = count - at < chunk ? count - at : chunk;
+    const T* first = in[0] + at;
+    if (parts == 1) {
+      for (std::size_t i = 0; i < n; ++i) acc[i] = widen(first[i]);
+    } else {
+      const T* second = in[1] + at;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(widen(first[i]), widen(second[i]), Op);
+    }
+    for (int p = 2; p < parts; ++p) {
+      const T* next = in[p] + at;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(acc[i], widen(next[i]), Op);
+    }
+    if constexpr (Op == ReduceOp::avg)
+      for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<C>(acc[i] / static_cast<C>(parts));
+    T* to = out + at;
+    for (std::size_t i = 0; i < n; ++i) to[i] = narrow<T>(acc[i]);
+  }
+}
+
 // out[i] = reduce over the `parts` inputs (in order) of in[p][i], for `count` elements; avg
-// divides by the number of parts once at the end. Inputs and output may alias.
+// divides by the number of parts once at the end. The output may be one of the inputs.
 template <class T>
 void reduce_into(T* out, const T* const* in, int parts, std::size_t count, ReduceOp op) {
-  using C = compute_t<T>;
-  for (std::size_t i = 0; i < count; ++i) {
-    C acc = widen(in[0][i]);
-    for (int p = 1; p < parts; ++p) acc = combine(acc, widen(in[p][i]), op);
-    if (op == ReduceOp::avg) acc = static_cast<C>(acc / static_cast<C>(parts));
-    out[i] = narrow<T>(acc);
+  switch (op) {
+    case ReduceOp::sum: return reduce_into<ReduceOp::sum>(out, in, parts, count);
+    case ReduceOp::avg: return reduce_into<ReduceOp::avg>(out, in, parts, count);
+    case ReduceOp::product: return reduce_into<ReduceOp::product>(out, in, parts, count);
+    case ReduceOp::max: return reduce_into<ReduceOp::max>(out, in, parts, count);
+    case ReduceOp::min: return reduce_into<ReduceOp::min>(out, in, parts, count);
   }
 }
 

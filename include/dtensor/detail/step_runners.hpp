@@ -52,6 +52,15 @@ inline bool slabs_along(const Shape& shape, int d) {
   return true;
 }
 
+// Where `piece`, a slab of the row-major block `block` (slabs_along), starts in it, in bytes.
+inline std::size_t slab_offset(const Box& piece, const Box& block, std::size_t elem) {
+  std::size_t at = 0;
+  for (std::size_t d = 0; d < block.shape.size(); ++d)
+    at = at * static_cast<std::size_t>(block.shape[d]) +
+         static_cast<std::size_t>(piece.offset[d] - block.offset[d]);
+  return at * elem;
+}
+
 // The g equal pieces of a row-major block of `shape` along dim d where they lie (pack_pieces
 // would make them contiguous): one run of the piece per index of the dims before d.
 inline StridedPieces pieces_along(const Shape& shape, int d, int g, std::size_t elem) {
@@ -134,21 +143,26 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
     }
     co_return send.size() + recv.size();
   }
-  // Exact: every member's block, whatever its size, in one point-to-point round.
+  // Exact: every member's block, whatever its size, in one point-to-point round; straight into
+  // the target where the blocks are slabs of it (and it is not the source too).
+  const bool direct = slabs_along(c.want.shape, i) && cur != out;
   const std::vector<std::size_t> at =
       packed_offsets(c, [&](int j) { return member_box(c, c.before, j); });
-  auto staging = ops.allocate(at.back());
+  auto staging = ops.allocate(direct ? 0 : at.back());
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   for (int j = 0; j < g; ++j) {
     if (j == me) continue;
     const auto u = static_cast<std::size_t>(j);
     if (!c.have.empty()) sends.push_back({global_rank(c, j), cur, bytes_of(c.have, c.elem)});
-    if (at[u + 1] > at[u])
-      recvs.push_back({global_rank(c, j), staging.data() + at[u], at[u + 1] - at[u]});
+    if (at[u + 1] == at[u]) continue;
+    std::byte* to = direct ? out + slab_offset(member_box(c, c.before, j), c.want, c.elem)
+                           : staging.data() + at[u];
+    recvs.push_back({global_rank(c, j), to, at[u + 1] - at[u]});
   }
   co_await link.exchange(sends, recvs);
   for (int j = 0; j < g; ++j) {
+    if (direct && j != me) continue;
     const Box bj = member_box(c, c.before, j);
     const std::byte* from = j == me ? cur : staging.data() + at[static_cast<std::size_t>(j)];
     copy_piece(ops, from, bj, out, c.want, bj, c.elem);
@@ -189,26 +203,40 @@ Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& 
     co_return send.size() + recv.size();
   }
   // Exact: each member sends every other member its partial of that member's piece, then
-  // reduces the g partials of its own piece in group order.
+  // reduces the g partials of its own piece in group order. Where the pieces are slabs of the
+  // block, they are sent from it as they lie, and this member's own is reduced from it (unless
+  // the target is the block too).
   const std::size_t own_bytes = bytes_of(c.want, c.elem);
+  const bool slabs = slabs_along(c.have.shape, j_dim);
+  const bool own_in_place = slabs && cur != out;
   const std::vector<std::size_t> at =
       packed_offsets(c, [&](int j) { return member_box(c, c.after, j); });
-  auto packed = ops.allocate(at.back());
-  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(g));
+  auto packed = ops.allocate(slabs ? 0 : at.back());
+  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(own_in_place ? g - 1 : g));
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   std::vector<const void*> parts(static_cast<std::size_t>(g));
+  std::size_t next = 0;
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
-    parts[u] = partials.data() + u * own_bytes;
+    if (j == me && own_in_place) {
+      parts[u] = cur + slab_offset(c.want, c.have, c.elem);
+      continue;
+    }
+    std::byte* partial = partials.data() + next++ * own_bytes;
+    parts[u] = partial;
     if (j == me) {
-      copy_piece(ops, cur, c.have, partials.data() + u * own_bytes, c.want, c.want, c.elem);
+      copy_piece(ops, cur, c.have, partial, c.want, c.want, c.elem);
       continue;
     }
     const Box aj = member_box(c, c.after, j);
-    copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
-    if (!aj.empty()) sends.push_back({global_rank(c, j), packed.data() + at[u], at[u + 1] - at[u]});
-    if (own_bytes) recvs.push_back({global_rank(c, j), partials.data() + u * own_bytes, own_bytes});
+    const std::byte* piece = cur + (slabs ? slab_offset(aj, c.have, c.elem) : 0);
+    if (!slabs) {
+      piece = packed.data() + at[u];
+      copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
+    }
+    if (!aj.empty()) sends.push_back({global_rank(c, j), piece, at[u + 1] - at[u]});
+    if (own_bytes) recvs.push_back({global_rank(c, j), partial, own_bytes});
   }
   co_await link.exchange(sends, recvs);
   ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
@@ -260,13 +288,17 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
     }
     co_return send.size() + recv.size();
   }
-  // Exact: what each member sends packed at its offset, what it receives staged at another.
+  // Exact: what each member sends packed at its offset, what it receives staged at another;
+  // sent from the block as it lies where the pieces are slabs of it, received into the target
+  // where they are slabs of that (and it is not the block too).
+  const bool direct_send = slabs_along(c.have.shape, j_dim);
+  const bool direct_recv = slabs_along(c.want.shape, i) && cur != out;
   const std::vector<std::size_t> send_at =
       packed_offsets(c, [&](int j) { return intersect(c.have, member_box(c, c.after, j)); });
   const std::vector<std::size_t> recv_at =
       packed_offsets(c, [&](int j) { return intersect(member_box(c, c.before, j), c.want); });
-  auto packed = ops.allocate(send_at.back());
-  auto staging = ops.allocate(recv_at.back());
+  auto packed = ops.allocate(direct_send ? 0 : send_at.back());
+  auto staging = ops.allocate(direct_recv ? 0 : recv_at.back());
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   for (int j = 0; j < g; ++j) {
@@ -276,15 +308,23 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
       copy_piece(ops, cur, c.have, out, c.want, to_j, c.elem);
       continue;
     }
-    copy_piece(ops, cur, c.have, packed.data() + send_at[u], to_j, to_j, c.elem);
-    if (send_at[u + 1] > send_at[u])
-      sends.push_back({global_rank(c, j), packed.data() + send_at[u], send_at[u + 1] - send_at[u]});
-    if (recv_at[u + 1] > recv_at[u])
-      recvs.push_back(
-          {global_rank(c, j), staging.data() + recv_at[u], recv_at[u + 1] - recv_at[u]});
+    if (send_at[u + 1] > send_at[u]) {
+      const std::byte* piece = cur + (direct_send ? slab_offset(to_j, c.have, c.elem) : 0);
+      if (!direct_send) {
+        piece = packed.data() + send_at[u];
+        copy_piece(ops, cur, c.have, packed.data() + send_at[u], to_j, to_j, c.elem);
+      }
+      sends.push_back({global_rank(c, j), piece, send_at[u + 1] - send_at[u]});
+    }
+    if (recv_at[u + 1] > recv_at[u]) {
+      const Box from_j = intersect(member_box(c, c.before, j), c.want);
+      std::byte* to =
+          direct_recv ? out + slab_offset(from_j, c.want, c.elem) : staging.data() + recv_at[u];
+      recvs.push_back({global_rank(c, j), to, recv_at[u + 1] - recv_at[u]});
+    }
   }
   co_await link.exchange(sends, recvs);
-  for (int j = 0; j < g; ++j) {
+  for (int j = 0; j < g && !direct_recv; ++j) {
     if (j == me) continue;
     const Box from_j = intersect(member_box(c, c.before, j), c.want);
     copy_piece(ops, staging.data() + recv_at[static_cast<std::size_t>(j)], from_j, out, c.want,
