@@ -244,9 +244,7 @@ constexpr RankBytes round_rank_bytes(const BatchPlan<N>& batch, std::size_t r, i
         elem = p.src().elem_bytes();
         continue;
       }
-      const RankBytes b = round.kind == StepKind::exchange
-                              ? detail::point_to_point_cost(p, p[i], c, p.cost_model()).bytes
-                              : step_rank_bytes(p, i, rank);
+      const RankBytes b = detail::round_step_cost(p, p[i], round.kind, c, p.cost_model()).bytes;
       total.send = detail::bytes_add(total.send, b.send);
       total.recv = detail::bytes_add(total.recv, b.recv);
     }

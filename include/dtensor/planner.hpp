@@ -272,9 +272,9 @@ constexpr Transitions split_reduce_scatters(const Transitions& ts) {
 // The transitions with the i-th reduction to Replicate (P(op) -> R) split into a
 // reduce-scatter to S(dims[i]) and an all-gather back (S(dims[i]) -> R) after everything else,
 // the last reduced gathered first: every later reduction then runs on a scattered block, and
-// the gathers move each element once. (P, P) -> (R, R) on 2x2 moves 1.5 times the tensor so
-// (reduce-scatter over both mesh dims, all-gather back) where two all-reduces move twice it.
-// cheapest_order picks the order.
+// the gathers move each element once. (P, P) -> (R, R) on 2x2 moves 1.5 times the tensor this
+// way (reduce-scatter over both mesh dims, all-gather back) where two all-reduces move twice
+// it.
 constexpr Transitions scatter_reductions(const Transitions& ts, const int* dims) {
   Transitions out, gathers;
   int i = 0;
@@ -759,8 +759,7 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   for (const Transition& t : ts) {
     const int g = mesh.size(t.mesh_dim);
     if (g == 1) continue;
-    const StepKind kind =
-        t.from.is_partial() && t.to.is_partial() ? StepKind::all_reduce : step_kind(t.from, t.to);
+    const StepKind kind = step_kind(t.from, t.to);  // P(a) -> P(b): its all-reduce
     if (!moves_data(kind)) continue;
     const double messages = (kind == StepKind::all_reduce ? 2.0 : 1.0) * (g - 1);
     us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
