@@ -170,11 +170,58 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
   co_return staging.size();
 }
 
+// A reduction as one point-to-point round: each member sends every other member its partial of
+// that member's piece (`piece(j)`, inside the block), then reduces the g partials of its own
+// piece (c.want) in group order, so that members with the same piece compute bit-identical
+// values. Where `slabs`, the pieces are slabs of the block: they are sent as they lie, and this
+// member's own partial is reduced from the block (unless the target is the block too).
+template <class L, class Ops, class Piece>
+Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext& c,
+                                      const std::byte* cur, std::byte* out, bool slabs,
+                                      Piece piece_of) {
+  const int k = c.step.mesh_dim;
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const std::size_t own_bytes = bytes_of(c.want, c.elem);
+  const bool own_in_place = slabs && cur != out;
+  const std::vector<std::size_t> at = packed_offsets(c, piece_of);
+  auto packed = ops.allocate(slabs ? 0 : at.back());
+  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(own_in_place ? g - 1 : g));
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  std::vector<const void*> parts(static_cast<std::size_t>(g));
+  std::size_t next = 0;
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    if (j == me && own_in_place) {
+      parts[u] = cur + slab_offset(c.want, c.have, c.elem);
+      continue;
+    }
+    std::byte* partial = partials.data() + next++ * own_bytes;
+    parts[u] = partial;
+    if (j == me) {
+      copy_piece(ops, cur, c.have, partial, c.want, c.want, c.elem);
+      continue;
+    }
+    const Box aj = piece_of(j);
+    const std::byte* piece = cur + (slabs ? slab_offset(aj, c.have, c.elem) : 0);
+    if (!slabs) {
+      piece = packed.data() + at[u];
+      copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
+    }
+    if (!aj.empty()) sends.push_back({global_rank(c, j), piece, at[u + 1] - at[u]});
+    if (own_bytes) recvs.push_back({global_rank(c, j), partial, own_bytes});
+  }
+  co_await link.exchange(sends, recvs);
+  ops.reduce(c.plan.src().dtype(), out, parts, static_cast<std::size_t>(c.want.numel()),
+             c.step.before[k].reduce_op());
+  co_return packed.size() + partials.size();
+}
+
 template <class L, class Ops>
 Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& c,
                                      const std::byte* cur, std::byte* out) {
   const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
-  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const int g = c.plan.src().mesh().size(k);
   const ReduceOp op = c.step.before[k].reduce_op();
   const DType dtype = c.plan.src().dtype();
   const bool even = c.even;
@@ -202,45 +249,9 @@ Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& 
       ops.copy_box(recv.data(), piece, origin, out, c.want.shape, origin, c.want.shape, c.elem);
     co_return send.size() + recv.size();
   }
-  // Exact: each member sends every other member its partial of that member's piece, then
-  // reduces the g partials of its own piece in group order. Where the pieces are slabs of the
-  // block, they are sent from it as they lie, and this member's own is reduced from it (unless
-  // the target is the block too).
-  const std::size_t own_bytes = bytes_of(c.want, c.elem);
-  const bool slabs = slabs_along(c.have.shape, j_dim);
-  const bool own_in_place = slabs && cur != out;
-  const std::vector<std::size_t> at =
-      packed_offsets(c, [&](int j) { return member_box(c, c.after, j); });
-  auto packed = ops.allocate(slabs ? 0 : at.back());
-  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(own_in_place ? g - 1 : g));
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  std::vector<const void*> parts(static_cast<std::size_t>(g));
-  std::size_t next = 0;
-  for (int j = 0; j < g; ++j) {
-    const auto u = static_cast<std::size_t>(j);
-    if (j == me && own_in_place) {
-      parts[u] = cur + slab_offset(c.want, c.have, c.elem);
-      continue;
-    }
-    std::byte* partial = partials.data() + next++ * own_bytes;
-    parts[u] = partial;
-    if (j == me) {
-      copy_piece(ops, cur, c.have, partial, c.want, c.want, c.elem);
-      continue;
-    }
-    const Box aj = member_box(c, c.after, j);
-    const std::byte* piece = cur + (slabs ? slab_offset(aj, c.have, c.elem) : 0);
-    if (!slabs) {
-      piece = packed.data() + at[u];
-      copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
-    }
-    if (!aj.empty()) sends.push_back({global_rank(c, j), piece, at[u + 1] - at[u]});
-    if (own_bytes) recvs.push_back({global_rank(c, j), partial, own_bytes});
-  }
-  co_await link.exchange(sends, recvs);
-  ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
-  co_return packed.size() + partials.size();
+  // Exact: one point-to-point round (run_exchange_reduce).
+  co_return co_await run_exchange_reduce(link, ops, c, cur, out, slabs_along(c.have.shape, j_dim),
+                                         [&c](int j) { return member_box(c, c.after, j); });
 }
 
 template <class L, class Ops>
@@ -333,40 +344,14 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
   co_return packed.size() + staging.size();
 }
 
-// An all-reduce as one point-to-point round (a step of a batch's round whose steps differ):
-// each member sends its block to every other member and reduces the g blocks in group order,
-// so every member computes bit-identical values.
+// An all-reduce as one point-to-point round (a step of a batch's round whose steps differ): every
+// member's piece is the whole block (run_exchange_reduce), so every member computes
+// bit-identical values.
 template <class L, class Ops>
 Task<std::size_t> run_all_reduce_exact(L link, const Ops& ops, const StepContext& c,
                                        const std::byte* cur, std::byte* out) {
-  const int k = c.step.mesh_dim;
-  const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const std::size_t block = bytes_of(c.have, c.elem);
-  const bool in_place = cur == out;  // then this member's block is copied aside too
-  auto partials = ops.allocate(block * static_cast<std::size_t>(in_place ? g : g - 1));
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  std::vector<const void*> parts(static_cast<std::size_t>(g));
-  std::size_t next = 0;
-  for (int j = 0; j < g; ++j) {
-    const auto u = static_cast<std::size_t>(j);
-    if (j == me && !in_place) {
-      parts[u] = cur;
-      continue;
-    }
-    std::byte* at = partials.data() + next++ * block;
-    parts[u] = at;
-    if (j == me) {
-      if (block) ops.copy(at, cur, block);
-    } else if (block) {
-      sends.push_back({global_rank(c, j), cur, block});
-      recvs.push_back({global_rank(c, j), at, block});
-    }
-  }
-  co_await link.exchange(sends, recvs);
-  ops.reduce(c.plan.src().dtype(), out, parts, static_cast<std::size_t>(c.have.numel()),
-             c.step.before[k].reduce_op());
-  co_return partials.size();
+  co_return co_await run_exchange_reduce(link, ops, c, cur, out, true,
+                                         [&c](int /*member*/) { return c.have; });
 }
 
 template <class L, class Ops>
