@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -81,6 +82,19 @@ struct Options {
   int ranks_per_node = 8;
 };
 
+// The value of an option whose value is one of `choices` (spelling, value), or a usage error
+// that lists them.
+template <class T, std::size_t N>
+T parse_choice(std::string_view option, std::string_view value,
+               const std::pair<std::string_view, T> (&choices)[N]) {
+  for (const auto& [spelling, v] : choices)
+    if (value == spelling) return v;
+  std::string names;
+  for (std::size_t i = 0; i < N; ++i)
+    names += fmt::format("{}{}", i == 0 ? "" : i + 1 == N ? " or " : ", ", choices[i].first);
+  throw usage_error{fmt::format("{} is {}, got '{}'", option, names, value)};
+}
+
 int parse_int_option(std::string_view option, std::string_view value) {
   std::int64_t v = 0;
   if (!detail::parse_int(value, v) || v < 1 || v > 1 << 30)
@@ -146,41 +160,24 @@ Options parse_args(int argc, char** argv) {
         o.to_mesh = value;
       else if (arg == "--ranks-per-node")
         o.ranks_per_node = parse_int_option(arg, value);
-      else if (arg == "--objective") {
-        if (value == "time")
-          o.plan.objective = Objective::time;
-        else if (value == "bytes")
-          o.plan.objective = Objective::bytes;
-        else
-          throw usage_error{fmt::format("--objective is time or bytes, got '{}'", value)};
-      } else if (arg == "--padding") {
-        if (value == "auto")
-          o.plan.padding = Padding::automatic;
-        else if (value == "always")
-          o.plan.padding = Padding::always;
-        else if (value == "never")
-          o.plan.padding = Padding::never;
-        else
-          throw usage_error{fmt::format("--padding is auto, always or never, got '{}'", value)};
-      } else if (arg == "--schedule") {
+      else if (arg == "--objective")
+        o.plan.objective = parse_choice<Objective>(
+            arg, value, {{"time", Objective::time}, {"bytes", Objective::bytes}});
+      else if (arg == "--padding")
+        o.plan.padding = parse_choice<Padding>(
+            arg, value,
+            {{"auto", Padding::automatic}, {"always", Padding::always}, {"never", Padding::never}});
+      else if (arg == "--schedule") {
         o.schedule_given = true;
-        if (value == "fused")
-          o.schedule = BatchSchedule::fused;
-        else if (value == "fewest-calls")
-          o.schedule = BatchSchedule::fewest_calls;
-        else
-          throw usage_error{fmt::format("--schedule is fused or fewest-calls, got '{}'", value)};
+        o.schedule = parse_choice<BatchSchedule>(
+            arg, value,
+            {{"fused", BatchSchedule::fused}, {"fewest-calls", BatchSchedule::fewest_calls}});
       } else if (arg == "--relabel-method") {
         o.relabel_method_given = true;
-        if (value == "auto")
-          o.relabel_method = RelabelMethod::automatic;
-        else if (value == "exact")
-          o.relabel_method = RelabelMethod::exact;
-        else if (value == "greedy")
-          o.relabel_method = RelabelMethod::greedy;
-        else
-          throw usage_error{
-              fmt::format("--relabel-method is auto, exact or greedy, got '{}'", value)};
+        o.relabel_method = parse_choice<RelabelMethod>(arg, value,
+                                                       {{"auto", RelabelMethod::automatic},
+                                                        {"exact", RelabelMethod::exact},
+                                                        {"greedy", RelabelMethod::greedy}});
       } else {
         throw usage_error{fmt::format("unknown option '{}' (see --help)", arg)};
       }
