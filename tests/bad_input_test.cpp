@@ -7,6 +7,8 @@
 #include <dtensor/execute.hpp>
 #include <dtensor/verify.hpp>
 
+#include "forwarding_backend.hpp"
+
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -47,24 +49,10 @@ std::vector<std::vector<T>> global_view_sources(const Layout& l) {
 }
 
 // A SimulatedBackend that reduces only some dtypes and ops, as an older NCCL would.
-struct RestrictedBackend {
-  static constexpr MemorySpace memory = MemorySpace::host;
-  SimulatedBackend& inner;
-  [[nodiscard]] int rank() const { return inner.rank(); }
-  [[nodiscard]] const DeviceMesh& mesh() const { return inner.mesh(); }
+struct RestrictedBackend : testing::ForwardingBackend<SimulatedBackend> {
+  using ForwardingBackend::ForwardingBackend;
   [[nodiscard]] static constexpr bool supports(DType dtype, ReduceOp op) {
     return op != ReduceOp::avg && dtype != DType::bf16;
-  }
-  void all_gather(int k, const void* s, void* r, std::size_t n) { inner.all_gather(k, s, r, n); }
-  void reduce_scatter(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
-    inner.reduce_scatter(k, s, r, n, t, op);
-  }
-  void all_reduce(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
-    inner.all_reduce(k, s, r, n, t, op);
-  }
-  void all_to_all(int k, const void* s, void* r, std::size_t n) { inner.all_to_all(k, s, r, n); }
-  void exchange(std::span<const SendMessage> s, std::span<const RecvMessage> r) {
-    inner.exchange(s, r);
   }
 };
 static_assert(Backend<RestrictedBackend>);
@@ -165,14 +153,14 @@ TEST_CASE("a reduction the backend cannot perform", "[bad][execute]") {
   SimulatedWorld world(m);
   // Refused before anything moves, so every rank refuses: nobody waits.
   CHECK_THROWS_WITH(world.run([&](SimulatedBackend& inner) {
-    RestrictedBackend b{inner};
+    RestrictedBackend b(inner);
     std::vector<bf16_t> src(16), dst(8);
     execute(plan, b, std::span<const bf16_t>(src), std::span<bf16_t>(dst));
   }),
                     "the backend cannot reduce bf16 values with avg, which step 1 of the plan "
                     "needs");
   CHECK_NOTHROW(world.run([&](SimulatedBackend& inner) {
-    RestrictedBackend b{inner};
+    RestrictedBackend b(inner);
     std::vector<float> src(16), dst(8);
     execute(fine, b, std::span<const float>(src), std::span<float>(dst));
   }));

@@ -8,6 +8,7 @@
 #include <dtensor/execute.hpp>
 #include <dtensor/verify.hpp>
 
+#include "forwarding_backend.hpp"
 #include "placement_pairs.hpp"
 
 #include <unsupported/Eigen/CXX11/Tensor>
@@ -402,27 +403,7 @@ namespace {
 
 // SimulatedBackend without all_to_all_strided: the executor packs an all-to-all's pieces before
 // sending them, as on any backend that is not StridedAllToAll.
-class PackingBackend {
- public:
-  static constexpr MemorySpace memory = MemorySpace::host;
-  explicit PackingBackend(SimulatedBackend& inner) : inner_(inner) {}
-  [[nodiscard]] int rank() const { return inner_.rank(); }
-  [[nodiscard]] const DeviceMesh& mesh() const { return inner_.mesh(); }
-  void all_gather(int k, const void* s, void* r, std::size_t n) { inner_.all_gather(k, s, r, n); }
-  void reduce_scatter(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
-    inner_.reduce_scatter(k, s, r, n, t, op);
-  }
-  void all_reduce(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
-    inner_.all_reduce(k, s, r, n, t, op);
-  }
-  void all_to_all(int k, const void* s, void* r, std::size_t n) { inner_.all_to_all(k, s, r, n); }
-  void exchange(std::span<const SendMessage> s, std::span<const RecvMessage> r) {
-    inner_.exchange(s, r);
-  }
-
- private:
-  SimulatedBackend& inner_;
-};
+using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
 static_assert(StridedAllToAll<SimulatedBackend>);
 static_assert(Backend<PackingBackend> && !StridedAllToAll<PackingBackend>);
 

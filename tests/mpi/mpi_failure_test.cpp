@@ -10,6 +10,7 @@
 
 #include <fmt/core.h>
 
+#include "../forwarding_backend.hpp"
 #include "agreement.hpp"
 
 #include <chrono>
@@ -23,49 +24,27 @@ namespace {
 using namespace dtensor;
 using namespace std::chrono_literals;
 
-// MpiBackend with one rank made to fail at its n-th operation (counting from 1): an error in the
-// middle of a plan, after other ranks have started its collectives.
-class FailingBackend {
+// Counts this rank's operations and throws at the n-th (counting from 1), or never (-1).
+struct FailAt {
+  int at = -1;
+  int count = 0;
+  void operator()() {
+    if (++count == at) throw error("injected failure");
+  }
+};
+
+// MpiBackend with one rank made to fail at its n-th operation: an error in the middle of a
+// plan, after other ranks have started its collectives.
+class FailingBackend : public testing::ForwardingBackend<MpiBackend, FailAt> {
  public:
-  static constexpr MemorySpace memory = MemorySpace::host;
   using Request = MpiBackend::Request;
 
   FailingBackend(MpiBackend& inner, int failing_rank, int fail_at)
-      : inner_(inner), fail_(inner.rank() == failing_rank ? fail_at : -1) {}
+      : ForwardingBackend(inner, FailAt{inner.rank() == failing_rank ? fail_at : -1}) {}
 
-  [[nodiscard]] int rank() const { return inner_.rank(); }
-  [[nodiscard]] const DeviceMesh& mesh() const { return inner_.mesh(); }
-  void all_gather(int k, const void* s, void* r, std::size_t n) {
-    tick();
-    inner_.all_gather(k, s, r, n);
-  }
-  void reduce_scatter(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
-    tick();
-    inner_.reduce_scatter(k, s, r, n, t, op);
-  }
-  void all_reduce(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
-    tick();
-    inner_.all_reduce(k, s, r, n, t, op);
-  }
-  void all_to_all(int k, const void* s, void* r, std::size_t n) {
-    tick();
-    inner_.all_to_all(k, s, r, n);
-  }
-  void exchange(std::span<const SendMessage> s, std::span<const RecvMessage> r) {
-    tick();
-    inner_.exchange(s, r);
-  }
   void abort(std::string_view why) noexcept { inner_.abort(why); }
   // MpiBackend's staging, which outlives an abort.
   [[nodiscard]] auto local_ops() const { return inner_.local_ops(); }
-
- private:
-  void tick() {
-    if (++count_ == fail_) throw error("injected failure");
-  }
-  MpiBackend& inner_;
-  int fail_;
-  int count_ = 0;
 };
 
 struct Outcome {

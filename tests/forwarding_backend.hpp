@@ -1,0 +1,54 @@
+#pragma once
+
+// A test backend that passes the Backend concept's calls on to another backend and has nothing
+// else: tests build on it to take a capability away (no strided all-to-all, fewer reductions)
+// or to act before each call.
+#include <dtensor/backend.hpp>
+
+#include <cstddef>
+#include <span>
+
+namespace dtensor::testing {
+
+// Forwards rank(), mesh() and the five operations to `inner`, calling `before()` first (a
+// no-op by default; a test passes its own as Before).
+struct NoHook {
+  void operator()() const noexcept {}
+};
+
+template <class Inner, class Before = NoHook>
+class ForwardingBackend {
+ public:
+  static constexpr MemorySpace memory = MemorySpace::host;
+
+  explicit ForwardingBackend(Inner& inner, Before before = {}) : inner_(inner), before_(before) {}
+
+  [[nodiscard]] int rank() const { return inner_.rank(); }
+  [[nodiscard]] const DeviceMesh& mesh() const { return inner_.mesh(); }
+  void all_gather(int k, const void* s, void* r, std::size_t n) {
+    before_();
+    inner_.all_gather(k, s, r, n);
+  }
+  void reduce_scatter(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
+    before_();
+    inner_.reduce_scatter(k, s, r, n, t, op);
+  }
+  void all_reduce(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
+    before_();
+    inner_.all_reduce(k, s, r, n, t, op);
+  }
+  void all_to_all(int k, const void* s, void* r, std::size_t n) {
+    before_();
+    inner_.all_to_all(k, s, r, n);
+  }
+  void exchange(std::span<const SendMessage> s, std::span<const RecvMessage> r) {
+    before_();
+    inner_.exchange(s, r);
+  }
+
+ protected:
+  Inner& inner_;
+  Before before_;
+};
+
+}  // namespace dtensor::testing
