@@ -574,7 +574,8 @@ TEST_CASE("reduction bound: message count of merging and spreading each element"
   CHECK(hierarchical[3].kind == StepKind::all_gather);
   // 2 parts (replicated) to 4 ranks: 4 messages per element, one all-reduce of mesh dim 0.
   CHECK(bound(m22, "P,R", "R,R") == bytes);
-  // A kept Partial splits the ranks into independent classes of 2.
+  // A kept Partial: one class holding the sums of all 4 parts (the other class zeros) takes 4
+  // messages per element, as does each class reducing its own 2 parts.
   CHECK(bound(m22, "P,P", "R,P") == bytes);
   // A Partial made by the target lets its group split the work: the older, weaker bound.
   CHECK(bound(m22, "P,R", "R,P") < bytes);
@@ -585,4 +586,54 @@ TEST_CASE("reduction bound: message count of merging and spreading each element"
   const Layout dst = layout(m4, "R", Shape{7, 10});
   CHECK(lower_bound_bytes_recv_max(src, dst) == 105 * 4);
   CHECK(plan_redistribute(src, dst).bytes_recv_max() == 106 * 4);
+}
+
+TEST_CASE("a kept Partial: its classes may trade parts, and the planner uses that", "[planner]") {
+  const Shape shape{8, 16};
+  const std::int64_t bytes = 8 * 16 * 4;  // f32
+  PlanOptions by_bytes;
+  by_bytes.objective = Objective::bytes;
+  auto kinds = [](const Plan& p) {
+    std::vector<StepKind> out;
+    for (const Step& s : p) out.push_back(s.kind);
+    return out;
+  };
+  // The part each rank lacks must come from its own class: every element reaches the rank of
+  // each class that lacks it (2 receives), or one class gets the sum (1 merge, 1 copy). Half the
+  // tensor per rank, the all-gather's, where each class alone would split it: a quarter.
+  const DeviceMesh m22({2, 2});
+  const Layout rows = layout(m22, "S(0),P", shape);
+  const Layout all = layout(m22, "R,P", shape);
+  CHECK(lower_bound_bytes_recv_max(rows, all) == bytes / 2);
+  CHECK(plan_redistribute(rows, all).bytes_recv_max() == bytes / 2);
+
+  // (P, S(0)) -> (P, R) on 2x4: each class's all-gather receives 3/4 of the tensor per rank.
+  // Reduce-scattering the kept Partial to S(1) first, all-gathering the halves and filling back
+  // receives 1/8 + 3/8: every element is merged once and copied to 3 ranks, 4 receives where the
+  // all-gathers take 6.
+  const DeviceMesh m24({2, 4});
+  const Layout quarters = layout(m24, "P,S(0)", shape);
+  const Layout gathered = layout(m24, "P,R", shape);
+  CHECK(lower_bound_bytes_recv_max(quarters, gathered) == bytes / 2);
+  const Plan rescattered = plan_redistribute(quarters, gathered, by_bytes);
+  CHECK(rescattered.bytes_recv_max() == bytes / 2);
+  CHECK(kinds(rescattered) ==
+        std::vector{StepKind::reduce_scatter, StepKind::all_gather, StepKind::fill});
+  CHECK(rescattered[0].after == parse_placements("S(1),S(0)"));
+  // The default objective keeps the one all-gather on this small tensor (fewer latencies) and
+  // takes the rescattered plan where bandwidth decides.
+  CHECK(plan_redistribute(quarters, gathered).size() == 1);
+  const Shape large{1024, 4096};
+  CHECK(plan_redistribute(layout(m24, "P,S(0)", large), layout(m24, "P,R", large)).size() == 3);
+
+  // A reduction beside a kept Partial: the classes need not reduce apart. Reduce-scattering the
+  // kept dim, all-reducing the other and filling back receives 1.25 times the tensor; the
+  // all-reduce in each class 1.5 times.
+  const Layout parts = layout(m24, "P,P", shape);
+  const Layout reduced = layout(m24, "P,R", shape);
+  CHECK(lower_bound_bytes_recv_max(parts, reduced) == bytes * 5 / 4);
+  const Plan merged = plan_redistribute(parts, reduced, by_bytes);
+  CHECK(merged.bytes_recv_max() == bytes * 5 / 4);
+  CHECK(kinds(merged) ==
+        std::vector{StepKind::reduce_scatter, StepKind::all_reduce, StepKind::fill});
 }

@@ -291,6 +291,22 @@ constexpr Transitions scatter_reductions(const Transitions& ts, const int* dims)
   return out;
 }
 
+// The transitions from placements `a` to `b`, whose target keeps the source's Partial on mesh
+// dim k, with that Partial reduce-scattered to S(d) first and made again from it last (a local
+// fill): the group along k then splits the moves in between. (P, S(0)) -> (P, R) on 2x4:
+// reduce-scatter mesh dim 0 to (S(1), S(0)), all-gather mesh dim 1, fill mesh dim 0, two thirds
+// of the bytes of the all-gather alone.
+constexpr Transitions rescatter_kept_partial(const Placements& a, const Placements& b, int k,
+                                             int d) {
+  Placements mid = a, end = b;
+  mid[k] = end[k] = Placement::shard(d);
+  Transitions out;
+  out.push_back({k, a[k], mid[k]});
+  for (const Transition& t : reductions_first(mid, greedy_transitions(mid, end))) out.push_back(t);
+  out.push_back({k, end[k], b[k]});
+  return out;
+}
+
 // The step kind of a transition of one mesh dim (P(a) -> P(b) is split before this).
 constexpr StepKind step_kind(const Placement& from, const Placement& to) noexcept {
   if (from == to) return StepKind::identity;
@@ -364,32 +380,141 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
 
 // Elements some rank must receive to reduce a Partial source into a target whose Partial dims
 // all keep the source's (none is made), whatever the plan: 0 when no Partial is reduced or a
-// target Partial is made. Messages carry one element's partial reductions. Ranks that agree on
-// the kept Partial dims form independent classes. In a class, an element has G distinct parts
-// (G: the product of the reduced mesh dims' extents, one part per rank) and T ranks whose target
-// block holds it. Before any rank knows the full value, G-1 messages must merge the parts (a
-// rank knowing m+1 parts has m messages in its past); after it, each of the other T-1 targets
-// receives at least one more. Summed over the elements, sum(T) is the tensor times the product
-// R of the extents of the target's Replicate dims, so a class receives (G-2+R) x numel and its
-// busiest rank at least that over the class size: for one mesh dim, exactly the ring
-// all-reduce's 2(g-1)/g and reduce-scatter's (g-1)/g of the tensor.
+// target Partial is made. An element has G distinct parts (G: the product of the extents of the
+// source's Partial dims, kept and reduced), and in each of the K classes of ranks that agree on
+// the kept dims, T ranks whose target block holds it (T: the product of the extents of the
+// target's Replicate dims). Any plan leaves some y >= 1 classes holding values that depend on the
+// parts, the others holding constants. Merging the G parts into y values takes G - y messages (a
+// rank knowing m+1 parts has m messages in its past); each of the T ranks of those classes then
+// receives at least one, one of them possibly among the merges. So an element costs at least
+// G - y + y (T - 1) receives: G + T - 2 with one class (T >= 2), G - K with every class (T = 1).
+// The busiest of the N ranks receives at least the sum over N: for one mesh dim exactly the ring
+// all-reduce's 2(g-1)/g and reduce-scatter's (g-1)/g of the tensor. The classes are not
+// independent: (P, P) -> (P, R) on 2x4 reduce-scatters mesh dim 0, all-reduces mesh dim 1 and
+// fills mesh dim 0, receiving 1.25 times the tensor per rank (this bound), where an all-reduce
+// within each class receives 1.5 times it.
 constexpr std::int64_t reduction_elements(const Layout& src, const Layout& dst) {
   const DeviceMesh& mesh = src.mesh();
-  std::int64_t parts = 1, replicas = 1, classes = 1;
+  std::int64_t parts = 1, reduced = 1, replicas = 1, classes = 1;
   for (int k = 0; k < mesh.ndim(); ++k) {
     const Placement a = src.placement(k), b = dst.placement(k);
+    if (a.is_partial()) parts *= mesh.size(k);
     if (a.is_partial() && a == b) {
       classes *= mesh.size(k);
       continue;
     }
     if (b.is_partial()) return 0;  // a target Partial made here: its group splits the work
-    if (a.is_partial()) parts *= mesh.size(k);
+    if (a.is_partial()) reduced *= mesh.size(k);
     if (b.is_replicate()) replicas *= mesh.size(k);
   }
-  if (parts == 1) return 0;
-  const std::int64_t class_size = mesh.size() / classes;
-  const std::int64_t total = bytes_mul(parts - 2 + replicas, src.global_numel());
-  return bytes_add(total, class_size - 1) / class_size;
+  if (reduced == 1) return 0;
+  const std::int64_t per_element = replicas >= 2 ? parts + replicas - 2 : parts - classes;
+  const std::int64_t total = bytes_mul(per_element, src.global_numel());
+  return bytes_add(total, mesh.size() - 1) / mesh.size();
+}
+
+// Elements some rank must receive when the target keeps every Partial of the source (same op
+// on the same mesh dims K, G classes of ranks by their coordinates there) and makes none,
+// whatever the plan; 0 when that is not the case or the count is too large to make here. The
+// blocks depend only on the other coordinates, so every class has, for an element e, the same
+// T ranks whose target block holds e, h of which hold e (their class's part of it) in their
+// source block, and m = T - h lacking it. Any plan leaves each class c holding some X_c with
+// op(X_c) = op(parts). A class whose X_c depends on its own part alone pays m receives (one per
+// lacking rank); a class holding a constant pays none, but its part must then be merged into
+// another class, every one of whose T ranks receives (at least one message each, and merging z
+// parts takes z messages, one of which can be its holder's own receive when h > 0). So e costs
+// 0 when m = 0, else at least min(G m, G - 1 + T - [h > 0]) receives in all (all classes
+// constant but one is the cheapest way to mix), and the busiest of the N ranks receives at least
+// the sum over the elements over N. (S(0), P) -> (R, P) on 2x2: 2 per element, the all-gather's
+// half of the tensor per rank, where lower_bound_elements' per-group split gives a quarter.
+constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& dst) {
+  const DeviceMesh& mesh = src.mesh();
+  const int n = mesh.ndim(), nd = src.tensor_ndim();
+  bool kept[max_mesh_dims] = {};
+  std::int64_t classes = 1;
+  Placements have = src.placements(), want = dst.placements();
+  for (int k = 0; k < n; ++k) {
+    const Placement a = have[k], b = want[k];
+    if (a.is_partial() != b.is_partial() || (a.is_partial() && !(a == b))) return 0;
+    if (!a.is_partial()) continue;
+    kept[k] = true;
+    classes *= mesh.size(k);
+    have[k] = want[k] = Placement::replicate();
+  }
+  if (classes == 1 || nd == 0) return 0;
+  // The blocks of one class's ranks.
+  constexpr int max_members = 32;
+  Box source[max_members], target[max_members];
+  int members = 0;
+  bool too_many = false;
+  for_each_coord_while(mesh, MeshCoord(static_cast<std::size_t>(n), 0), kept,
+                       [&](const MeshCoord& c) {
+                         if (members == max_members) {
+                           too_many = true;
+                           return false;
+                         }
+                         source[members] = src.local_box(have, c);
+                         target[members] = src.local_box(want, c);
+                         ++members;
+                         return true;
+                       });
+  if (too_many) return 0;
+  // Per tensor dim, every block boundary, sorted: the cells between them are inside or outside
+  // each block.
+  constexpr int max_cuts = 4 * max_members + 2;
+  std::int64_t cuts[max_tensor_dims][max_cuts] = {};
+  int num_cuts[max_tensor_dims] = {};
+  for (int d = 0; d < nd; ++d) {
+    std::int64_t* at = cuts[d];
+    int& count = num_cuts[d];
+    auto add = [&](std::int64_t x) {
+      int i = count++;
+      for (; i > 0 && at[i - 1] > x; --i) at[i] = at[i - 1];
+      at[i] = x;
+    };
+    add(0);
+    add(src.global_shape()[d]);
+    for (int i = 0; i < members; ++i)
+      for (const Box* b : {&source[i], &target[i]}) {
+        add(b->offset[d]);
+        add(b->offset[d] + b->shape[d]);
+      }
+  }
+  std::int64_t cells = 1;
+  for (int d = 0; d < nd; ++d) cells *= num_cuts[d] - 1;
+  if (cells * members > (std::int64_t{1} << 14)) return 0;
+  std::int64_t total = 0;
+  int cell[max_tensor_dims] = {};
+  while (true) {
+    std::int64_t numel = 1;
+    for (int d = 0; d < nd; ++d) numel *= cuts[d][cell[d] + 1] - cuts[d][cell[d]];
+    if (numel > 0) {
+      std::int64_t holders = 0, lacking = 0;
+      for (int i = 0; i < members; ++i) {
+        bool in_target = true, in_source = true;
+        for (int d = 0; d < nd; ++d) {
+          const std::int64_t x = cuts[d][cell[d]];
+          in_target =
+              in_target && x >= target[i].offset[d] && x < target[i].offset[d] + target[i].shape[d];
+          in_source =
+              in_source && x >= source[i].offset[d] && x < source[i].offset[d] + source[i].shape[d];
+        }
+        if (in_target) (in_source ? holders : lacking) += 1;
+      }
+      if (lacking > 0) {
+        const std::int64_t own = classes * lacking;
+        const std::int64_t mixed = classes - 1 + holders + lacking - (holders > 0 ? 1 : 0);
+        total = bytes_add(total, bytes_mul(numel, own < mixed ? own : mixed));
+      }
+    }
+    int d = nd - 1;
+    for (; d >= 0; --d) {
+      if (++cell[d] + 1 < num_cuts[d]) break;
+      cell[d] = 0;
+    }
+    if (d < 0) break;
+  }
+  return bytes_add(total, mesh.size() - 1) / mesh.size();
 }
 
 // lower_bound_elements for layouts without Partial, in O(tensor dims x mesh dims): the elements
@@ -934,7 +1059,9 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
 // rules are at detail::lower_bound_elements).
 constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layout& dst) {
   detail::check_same_tensor(src, dst);
-  return detail::bytes_mul(detail::lower_bound(src, dst).elements, src.elem_bytes());
+  const std::int64_t basic = detail::lower_bound(src, dst).elements;
+  const std::int64_t kept = detail::kept_partial_elements(src, dst);
+  return detail::bytes_mul(kept > basic ? kept : basic, src.elem_bytes());
 }
 
 // The cheapest plan (by options.objective) that turns layout `src` into layout `dst` of the
@@ -947,11 +1074,18 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
   const detail::LowerBound lb = detail::lower_bound(src, dst);
-  const std::int64_t bound = detail::bytes_mul(lb.elements, src.elem_bytes());
+  std::int64_t bound = detail::bytes_mul(lb.elements, src.elem_bytes());
   // Candidates are first costed on the rank the bound says is busiest, where a loser loses.
   const MeshCoord& probe = lb.busiest;
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  // The kept Partials' count costs more: only when the first plan does not reach the bound
+  // (where it does, the count cannot exceed it).
+  if (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound) {
+    const std::int64_t kept =
+        detail::bytes_mul(detail::kept_partial_elements(src, dst), src.elem_bytes());
+    bound = kept > bound ? kept : bound;
+  }
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
     const Plan p = detail::plan_builder::build(src, dst, ts, options, &best, &probe);
@@ -1002,6 +1136,16 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       // reduce-scattered in place and gathered last.
       const detail::Transitions scattered = detail::scatter_reductions(greedy, dims);
       consider_order(reductions >= 2 ? detail::cheapest_order(src, scattered, options) : scattered);
+    }
+  }
+  // A Partial the target keeps: reduce-scattered first and made again last, over every choice
+  // of the scattered tensor dim.
+  for (int k = 0; k < static_cast<int>(a.size()); ++k) {
+    if (!a[k].is_partial() || !(a[k] == b[k]) || src.mesh().size(k) == 1) continue;
+    for (int d = 0; d < src.tensor_ndim(); ++d) {
+      if (!detail::plan_builder::pruned(best) && best.bytes_recv_max() <= bound) break;
+      consider_order(
+          detail::cheapest_order(src, detail::rescatter_kept_partial(a, b, k, d), options));
     }
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
