@@ -223,9 +223,12 @@ TEST_CASE("inner mesh dims chunk and reduce before the outer gather", "[planner]
                         {.objective = Objective::bytes, .allow_exchange = false});
   CHECK(kinds(p) == std::vector{K::all_reduce, K::all_gather, K::chunk});
   CHECK(p.bytes_recv_max() == 352);
-  // The Partial target is made only after the source Partial is reduced.
+  // The Partial target is made only after the source Partial is reduced; chunking its mesh dim
+  // first lets the all-reduce run on a quarter block, and a fill makes the Partial last.
   p = plan_redistribute(layout(m, "P,R", shape), layout(m, "R,P", shape));
-  CHECK(kinds(p) == std::vector{K::all_reduce, K::scale});
+  CHECK(kinds(p) == std::vector{K::chunk, K::all_reduce, K::fill});
+  CHECK(p.bytes_recv_max() == tensor / 4);
+  CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
 }
 
 TEST_CASE("(S(0), R) -> (R, S(0)) on 2x4: the exchange moves half the greedy bytes", "[planner]") {
@@ -588,7 +591,7 @@ TEST_CASE("reduction bound: message count of merging and spreading each element"
   CHECK(plan_redistribute(src, dst).bytes_recv_max() == 106 * 4);
 }
 
-TEST_CASE("a kept Partial: its classes may trade parts, and the planner uses that", "[planner]") {
+TEST_CASE("a target Partial: its classes may trade parts, and the planner uses that", "[planner]") {
   const Shape shape{8, 16};
   const std::int64_t bytes = 8 * 16 * 4;  // f32
   PlanOptions by_bytes;
@@ -636,4 +639,13 @@ TEST_CASE("a kept Partial: its classes may trade parts, and the planner uses tha
   CHECK(merged.bytes_recv_max() == bytes * 5 / 4);
   CHECK(kinds(merged) ==
         std::vector{StepKind::reduce_scatter, StepKind::all_reduce, StepKind::fill});
+
+  // A Partial the target makes from Replicate: chunked first, so the reduce-scatter beside it
+  // runs on half the block, and filled last. Half the reduce-scatter's bytes, the bound.
+  const Layout replicated_parts = layout(m22, "R,P", shape);
+  const Layout made = layout(m22, "P,S(0)", shape);
+  const Plan chunked = plan_redistribute(replicated_parts, made, by_bytes);
+  CHECK(kinds(chunked) == std::vector{StepKind::chunk, StepKind::reduce_scatter, StepKind::fill});
+  CHECK(chunked.bytes_recv_max() == bytes / 4);
+  CHECK(chunked.bytes_recv_max() == chunked.lower_bound_bytes_recv_max());
 }

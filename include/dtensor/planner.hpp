@@ -291,12 +291,14 @@ constexpr Transitions scatter_reductions(const Transitions& ts, const int* dims)
   return out;
 }
 
-// The transitions from placements `a` to `b`, whose target keeps the source's Partial on mesh
-// dim k, with that Partial reduce-scattered to S(d) first and made again from it last (a local
-// fill): the group along k then splits the moves in between. (P, S(0)) -> (P, R) on 2x4:
-// reduce-scatter mesh dim 0 to (S(1), S(0)), all-gather mesh dim 1, fill mesh dim 0, two thirds
-// of the bytes of the all-gather alone.
-constexpr Transitions rescatter_kept_partial(const Placements& a, const Placements& b, int k,
+// The transitions from placements `a` to `b`, whose target has a Partial on mesh dim k that the
+// source has too or makes from Replicate, with mesh dim k turned into S(d) first (a
+// reduce-scatter, or a local chunk) and the Partial made from it last (a local fill): the group
+// along k then splits the moves in between. (P, S(0)) -> (P, R) on 2x4: reduce-scatter mesh dim
+// 0 to (S(1), S(0)), all-gather mesh dim 1, fill mesh dim 0, two thirds of the bytes of the
+// all-gather alone. (R, P) -> (P, S(0)) on 2x2: chunk mesh dim 0 to S(1), reduce-scatter mesh
+// dim 1, fill mesh dim 0, half the bytes of the reduce-scatter of the whole block.
+constexpr Transitions scatter_target_partial(const Placements& a, const Placements& b, int k,
                                              int d) {
   Placements mid = a, end = b;
   mid[k] = end[k] = Placement::shard(d);
@@ -1138,14 +1140,16 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       consider_order(reductions >= 2 ? detail::cheapest_order(src, scattered, options) : scattered);
     }
   }
-  // A Partial the target keeps: reduce-scattered first and made again last, over every choice
-  // of the scattered tensor dim.
+  // A Partial the target keeps, or makes from Replicate: reduce-scattered or chunked first and
+  // made last, over every choice of the tensor dim.
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-    if (!a[k].is_partial() || !(a[k] == b[k]) || src.mesh().size(k) == 1) continue;
+    const bool kept = a[k].is_partial() && a[k] == b[k];
+    const bool made = a[k].is_replicate() && b[k].is_partial();
+    if (!(kept || made) || src.mesh().size(k) == 1) continue;
     for (int d = 0; d < src.tensor_ndim(); ++d) {
       if (!detail::plan_builder::pruned(best) && best.bytes_recv_max() <= bound) break;
       consider_order(
-          detail::cheapest_order(src, detail::rescatter_kept_partial(a, b, k, d), options));
+          detail::cheapest_order(src, detail::scatter_target_partial(a, b, k, d), options));
     }
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
