@@ -1067,9 +1067,10 @@ constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layou
 }
 
 // The cheapest plan (by options.objective) that turns layout `src` into layout `dst` of the
-// same tensor on the same mesh. Candidates: seed 004's sorted and decomposed per-mesh-dim
-// collectives; the same with all-to-all for changes of shard dim; and, when neither side is
-// Partial on a dim that must be reduced, one direct exchange of exactly the missing blocks.
+// same tensor on the same mesh. Candidates (docs/planner.md): seed 004's sorted and decomposed
+// per-mesh-dim collectives, in its order and the cheapest; the same with all-to-all for changes
+// of shard dim; a target Partial scattered first and made last; one direct exchange of exactly
+// the missing blocks; reductions scattered and gathered back at the end.
 constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptions options = {}) {
   detail::check_same_tensor(src, dst);
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
@@ -1114,6 +1115,18 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   }
   if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
   consider_all_to_all(greedy);
+  // A Partial the target keeps, or makes from Replicate: reduce-scattered or chunked first and
+  // made last, over every choice of the tensor dim.
+  for (int k = 0; k < static_cast<int>(a.size()); ++k) {
+    const bool kept = a[k].is_partial() && a[k] == b[k];
+    const bool made = a[k].is_replicate() && b[k].is_partial();
+    if (!(kept || made) || src.mesh().size(k) == 1) continue;
+    for (int d = 0; d < src.tensor_ndim(); ++d) {
+      if (!detail::plan_builder::pruned(best) && best.bytes_recv_max() <= bound) break;
+      consider_order(
+          detail::cheapest_order(src, detail::scatter_target_partial(a, b, k, d), options));
+    }
+  }
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) &&
@@ -1138,18 +1151,6 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       // reduce-scattered in place and gathered last.
       const detail::Transitions scattered = detail::scatter_reductions(greedy, dims);
       consider_order(reductions >= 2 ? detail::cheapest_order(src, scattered, options) : scattered);
-    }
-  }
-  // A Partial the target keeps, or makes from Replicate: reduce-scattered or chunked first and
-  // made last, over every choice of the tensor dim.
-  for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-    const bool kept = a[k].is_partial() && a[k] == b[k];
-    const bool made = a[k].is_replicate() && b[k].is_partial();
-    if (!(kept || made) || src.mesh().size(k) == 1) continue;
-    for (int d = 0; d < src.tensor_ndim(); ++d) {
-      if (!detail::plan_builder::pruned(best) && best.bytes_recv_max() <= bound) break;
-      consider_order(
-          detail::cheapest_order(src, detail::scatter_target_partial(a, b, k, d), options));
     }
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
