@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
     double busbw_factor;  // nccl-tests: bus bandwidth = algbw * factor
   };
   const Case cases[] = {{"all_gather", "S(0)", "R", double(size - 1) / size},
+                        // Columns: the pieces land side by side in the target (StridedAllGather).
+                        {"all_gather_cols", "S(1)", "R", double(size - 1) / size},
                         {"reduce_scatter", "P", "S(0)", double(size - 1) / size},
                         {"all_reduce", "P", "R", 2.0 * (size - 1) / size},
                         {"all_to_all", "S(0)", "S(1)", double(size - 1) / size},
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
       MPI_Type_free(&vector);
       const double bare = bench::median_seconds(
           [&] {
-            if (c.name == "all_gather")
+            if (c.name.starts_with("all_gather"))
               MPI_Allgather(in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(),
                             static_cast<int>(in.size()), MPI_FLOAT, MPI_COMM_WORLD);
             else if (c.name == "reduce_scatter")

@@ -401,11 +401,13 @@ TEST_CASE("adjoint plans are transposes: <A x, y> = <x, A^T y>", "[execute][adjo
 
 namespace {
 
-// SimulatedBackend without all_to_all_strided: the executor packs an all-to-all's pieces before
-// sending them, as on any backend that is not StridedAllToAll.
+// SimulatedBackend without all_to_all_strided and all_gather_strided: the executor packs an
+// all-to-all's pieces before sending them and unpacks an all-gather's, as on any backend that
+// is neither StridedAllToAll nor StridedAllGather.
 using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
-static_assert(StridedAllToAll<SimulatedBackend>);
-static_assert(Backend<PackingBackend> && !StridedAllToAll<PackingBackend>);
+static_assert(StridedAllToAll<SimulatedBackend> && StridedAllGather<SimulatedBackend>);
+static_assert(Backend<PackingBackend> && !StridedAllToAll<PackingBackend> &&
+              !StridedAllGather<PackingBackend>);
 
 // One run of a plan on the simulator, with the global view as every rank's source.
 struct SimulatedRun {

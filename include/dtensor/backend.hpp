@@ -183,6 +183,21 @@ concept StridedAllToAll = Backend<B> &&
        { b.start_all_to_all_strided(mesh_dim, send, recv, p) } -> std::same_as<typename B::Request>;
      });
 
+// A backend that receives an all-gather's pieces where they go, without unpacking them
+// (optional: execute() gathers into staging and unpacks where a backend lacks it).
+// `all_gather_strided(mesh_dim, send, recv, pieces)` is `all_gather(mesh_dim, send, packed,
+// pieces.piece_bytes())` with member j's piece then copied from `packed` to where StridedPieces
+// puts piece j in `recv`; `send` is contiguous. An AsyncBackend also starts it:
+// `start_all_gather_strided`, same arguments.
+template <class B>
+concept StridedAllGather = Backend<B> &&
+    requires(B& b, int mesh_dim, const void* send, void* recv, StridedPieces p) {
+  b.all_gather_strided(mesh_dim, send, recv, p);
+} &&(!AsyncBackend<B> ||
+     requires(B & b, int mesh_dim, const void* send, void* recv, StridedPieces p) {
+       { b.start_all_gather_strided(mesh_dim, send, recv, p) } -> std::same_as<typename B::Request>;
+     });
+
 namespace detail {
 // After an error on this rank: a backend that can abort (`abort(why)`, or NCCL's `abort()`) does,
 // so that the other ranks get an error instead of waiting for this one.

@@ -62,7 +62,10 @@ std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
                         {"S(1),R", "S(1),R", {4, 4}, DType::f32},
                         // all-to-alls whose send pieces go strided (StridedAllToAll)
                         {"R,S(0)", "R,S(1)", {8, 16}, DType::f32},
-                        {"S(0),R", "S(1),R", {16, 8}, DType::bf16}};
+                        {"S(0),R", "S(1),R", {16, 8}, DType::bf16},
+                        // all-gathers whose pieces land strided (StridedAllGather)
+                        {"R,S(1)", "R,R", {8, 16}, DType::f32},
+                        {"S(1),S(1)", "S(1),R", {8, 64}, DType::bf16}};
   std::vector<Job> jobs;
   const int rank = backend.rank();
   for (const Case& c : cases) {

@@ -97,7 +97,7 @@ class MpiType {
 }  // namespace detail
 
 // One rank of a mesh whose ranks are the ranks of an MPI communicator; satisfies Backend,
-// AsyncBackend and StridedAllToAll.
+// AsyncBackend, StridedAllToAll and StridedAllGather.
 class MpiBackend {
  public:
   static constexpr MemorySpace memory = MemorySpace::host;
@@ -165,7 +165,7 @@ class MpiBackend {
         wide_in_ = std::move(other.wide_in_);
         wide_out_ = std::move(other.wide_out_);
         then_ = std::move(other.then_);
-        send_type_ = std::move(other.send_type_);
+        pieces_type_ = std::move(other.pieces_type_);
         deadline_ = other.deadline_;
         call_ = other.call_;
       }
@@ -183,13 +183,13 @@ class MpiBackend {
     std::vector<MPI_Request> requests_;
     HostOps::Buffer wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
     std::function<void()> then_;
-    detail::MpiType send_type_;  // a strided all-to-all's send pieces
+    detail::MpiType pieces_type_;  // a strided operation's pieces (StridedPieces)
     std::optional<std::chrono::steady_clock::time_point> deadline_;
 
     void abandon() noexcept {
       if (requests_.empty()) return;
       requests_.clear();
-      send_type_.release();
+      pieces_type_.release();
       wide_in_.abandon();
       wide_out_.abandon();
     }
@@ -231,6 +231,10 @@ class MpiBackend {
     Request r = start_all_to_all_strided(mesh_dim, send, recv, pieces);
     wait(r);
   }
+  void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
+    Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
+    wait(r);
+  }
 
   // The same operations started and finished later (AsyncBackend), with MPI's nonblocking
   // collectives: execute_async overlaps them with the caller's work.
@@ -263,30 +267,30 @@ class MpiBackend {
     return r;
   }
   // An all-to-all whose send pieces MPI reads where they lie (StridedAllToAll): one derived
-  // datatype, `rows` runs of `run_bytes` bytes `stride_bytes` apart, resized to an extent of
-  // `run_bytes` so that MPI_Ialltoall's piece j starts at j * run_bytes; freed once finished.
+  // datatype (pieces_type), freed once finished.
   Request start_all_to_all_strided(int mesh_dim, const void* send, void* recv,
                                    StridedPieces pieces) {
     if (pieces.rows <= 1 || pieces.run_bytes == 0)  // contiguous pieces, or none
       return start_all_to_all(mesh_dim, send, recv, pieces.piece_bytes());
     Request r = begin("MPI_Ialltoall");
     const MPI_Comm comm = group(mesh_dim);
-    const int rows = count_of(pieces.rows, r.call_), run = count_of(pieces.run_bytes, r.call_);
-    if (pieces.rows > static_cast<std::size_t>(INT_MAX) / pieces.run_bytes ||
-        pieces.stride_bytes > static_cast<std::size_t>(std::numeric_limits<MPI_Aint>::max()))
-      throw error(std::string(r.call_) + ": pieces of " + std::to_string(pieces.rows) +
-                  " runs of " + std::to_string(pieces.run_bytes) + " bytes, " +
-                  std::to_string(pieces.stride_bytes) + " apart, exceed MPI's counts");
-    const int n = rows * run;
-    detail::MpiType vector;
-    must(MPI_Type_create_hvector(rows, run, static_cast<MPI_Aint>(pieces.stride_bytes), MPI_BYTE,
-                                 vector.out()),
-         "MPI_Type_create_hvector");
-    must(MPI_Type_create_resized(vector.get(), 0, run, r.send_type_.out()),
-         "MPI_Type_create_resized");
-    must(MPI_Type_commit(r.send_type_.handle()), "MPI_Type_commit");
-    must(MPI_Ialltoall(send, 1, r.send_type_.get(), recv, n, MPI_BYTE, comm,
+    const int n = pieces_type(pieces, r);
+    must(MPI_Ialltoall(send, 1, r.pieces_type_.get(), recv, n, MPI_BYTE, comm,
                        &r.requests_.emplace_back()),
+         r.call_);
+    return r;
+  }
+  // An all-gather whose pieces MPI writes where they go (StridedAllGather): the same datatype
+  // as a strided all-to-all's, on the receive side.
+  Request start_all_gather_strided(int mesh_dim, const void* send, void* recv,
+                                   StridedPieces pieces) {
+    if (pieces.rows <= 1 || pieces.run_bytes == 0)  // contiguous pieces, or none
+      return start_all_gather(mesh_dim, send, recv, pieces.piece_bytes());
+    Request r = begin("MPI_Iallgather");
+    const MPI_Comm comm = group(mesh_dim);
+    const int n = pieces_type(pieces, r);
+    must(MPI_Iallgather(send, n, MPI_BYTE, recv, 1, r.pieces_type_.get(), comm,
+                        &r.requests_.emplace_back()),
          r.call_);
     return r;
   }
@@ -532,9 +536,29 @@ class MpiBackend {
       return MPI_UINT8_T;
   }
 
+  // Makes r's datatype for StridedPieces: `rows` runs of `run_bytes` bytes `stride_bytes` apart
+  // (MPI_Type_create_hvector), resized to an extent of `run_bytes` so that member j's piece
+  // starts at j * run_bytes; returns the bytes of one piece as MPI counts them.
+  int pieces_type(StridedPieces pieces, Request& r) {
+    const int rows = count_of(pieces.rows, r.call_), run = count_of(pieces.run_bytes, r.call_);
+    if (pieces.rows > static_cast<std::size_t>(INT_MAX) / pieces.run_bytes ||
+        pieces.stride_bytes > static_cast<std::size_t>(std::numeric_limits<MPI_Aint>::max()))
+      throw error(std::string(r.call_) + ": pieces of " + std::to_string(pieces.rows) +
+                  " runs of " + std::to_string(pieces.run_bytes) + " bytes, " +
+                  std::to_string(pieces.stride_bytes) + " apart, exceed MPI's counts");
+    detail::MpiType vector;
+    must(MPI_Type_create_hvector(rows, run, static_cast<MPI_Aint>(pieces.stride_bytes), MPI_BYTE,
+                                 vector.out()),
+         "MPI_Type_create_hvector");
+    must(MPI_Type_create_resized(vector.get(), 0, run, r.pieces_type_.out()),
+         "MPI_Type_create_resized");
+    must(MPI_Type_commit(r.pieces_type_.handle()), "MPI_Type_commit");
+    return rows * run;
+  }
+
   void finish(Request& r) {
     r.requests_.clear();
-    r.send_type_.reset();
+    r.pieces_type_.reset();
     r.wide_in_ = {};
     if (r.then_) std::exchange(r.then_, nullptr)();
     r.wide_out_ = {};

@@ -229,6 +229,25 @@ class BasicSimulatedBackend {
     all_to_all_pieces(mesh_dim, send, recv, pieces);
   }
 
+  // all_gather with each member's piece copied run by run to where it goes in `recv`
+  // (StridedAllGather), the bytes counted as all_gather's. On host memory only.
+  void all_gather_strided(int mesh_dim, const void* send, void* recv,
+                          StridedPieces pieces) requires(Lane::memory == MemorySpace::host) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    const std::size_t bytes = pieces.piece_bytes();
+    Meeting& m = enter(g, mesh_dim, send, recv, bytes, pieces);
+    for (int j = 0; j < g.size && bytes > 0; ++j) {
+      const auto* from = static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]);
+      std::byte* to =
+          static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * pieces.run_bytes;
+      for (std::size_t r = 0; r < pieces.rows; ++r)
+        local_ops().copy(to + r * pieces.stride_bytes, from + r * pieces.run_bytes,
+                         pieces.run_bytes);
+    }
+    const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
+    leave(m, g, moved, moved);
+  }
+
   void exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
     const DeviceMesh& mesh = this->mesh();
     const int n = mesh.size();

@@ -147,6 +147,22 @@ struct AllToAllStridedCall {
   }
 };
 
+// An all-gather whose pieces land strided (StridedPieces), on a StridedAllGather backend.
+struct AllGatherStridedCall {
+  int mesh_dim = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  StridedPieces pieces;
+  template <class B>
+  void run(B& b) const {
+    b.all_gather_strided(mesh_dim, send, recv, pieces);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_all_gather_strided(mesh_dim, send, recv, pieces);
+  }
+};
+
 // The messages must stay where they are until the exchange finishes (they do: the step that
 // awaits it owns them).
 struct ExchangeCall {
@@ -192,6 +208,11 @@ struct Link {
                                         StridedPieces pieces) const requires StridedAllToAll<B> {
     return Operation<B, AllToAllStridedCall>(*this, {k, send, recv, pieces});
   }
+  // Only where the backend receives strided pieces itself (StridedAllGather).
+  [[nodiscard]] auto all_gather_strided(int k, const void* send, void* recv,
+                                        StridedPieces pieces) const requires StridedAllGather<B> {
+    return Operation<B, AllGatherStridedCall>(*this, {k, send, recv, pieces});
+  }
 };
 
 // A link whose all-to-all can send strided pieces unpacked (a Link on a StridedAllToAll
@@ -199,6 +220,13 @@ struct Link {
 template <class L>
 concept StridedLink = requires(const L& link, const void* send, void* recv, StridedPieces p) {
   link.all_to_all_strided(0, send, recv, p);
+};
+
+// A link whose all-gather can receive strided pieces where they go (a Link on a
+// StridedAllGather backend; a batch's link unpacks).
+template <class L>
+concept StridedGatherLink = requires(const L& link, const void* send, void* recv, StridedPieces p) {
+  link.all_gather_strided(0, send, recv, p);
 };
 
 }  // namespace dtensor::detail

@@ -128,14 +128,24 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
     const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
     const bool exact = piece == c.have.shape;
     // Zero-copy: send the block as it is when it is a whole piece; receive straight into the
-    // target when every member's piece is whole (even) and they stack as slabs of it.
+    // target when every member's piece is whole (even) and they stack as slabs of it, or, on a
+    // backend that receives strided pieces (StridedAllGather), lie side by side in it.
     const bool direct = even && slabs_along(c.want.shape, i);
+    bool strided_recv = false;
+    if constexpr (StridedGatherLink<L>) strided_recv = even && !direct;
     auto send = ops.allocate(exact ? 0 : piece_bytes, true);
-    auto recv = ops.allocate(direct ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    auto recv =
+        ops.allocate(direct || strided_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
     if (!exact)
       ops.copy_box(cur, c.have.shape, origin, send.data(), piece, origin, c.have.shape, c.elem);
-    co_await link.all_gather(k, exact ? cur : send.data(), direct ? out : recv.data(), piece_bytes);
-    if (even && !direct) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
+    const std::byte* const from = exact ? cur : send.data();
+    if constexpr (StridedGatherLink<L>) {
+      if (strided_recv)
+        co_await link.all_gather_strided(k, from, out, pieces_along(c.want.shape, i, g, c.elem));
+    }
+    if (!strided_recv) co_await link.all_gather(k, from, direct ? out : recv.data(), piece_bytes);
+    if (even && !direct && !strided_recv)
+      ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
     for (int j = 0; j < g && !even; ++j) {
       const Box bj = member_box(c, c.before, j);
       ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
