@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
                         {"reduce_scatter", "P", "S(0)", double(size - 1) / size},
                         {"all_reduce", "P", "R", 2.0 * (size - 1) / size},
                         {"all_to_all", "S(0)", "S(1)", double(size - 1) / size},
+                        // The reverse: pieces received side by side in the target.
+                        {"all_to_all_rows", "S(1)", "S(0)", double(size - 1) / size},
                         // The same plan against MPI_Alltoall sending the same strided pieces
                         // with a derived datatype, as a hand-written MPI program would.
                         {"all_to_all_dtype", "S(0)", "S(1)", double(size - 1) / size}};
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
                                        MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             else if (c.name == "all_reduce")
               MPI_Allreduce(in.data(), out.data(), count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            else if (c.name == "all_to_all")
+            else if (c.name == "all_to_all" || c.name == "all_to_all_rows")
               MPI_Alltoall(in.data(), static_cast<int>(in.size()) / size, MPI_FLOAT, out.data(),
                            static_cast<int>(in.size()) / size, MPI_FLOAT, MPI_COMM_WORLD);
             else

@@ -168,19 +168,23 @@ struct StridedPieces {
   [[nodiscard]] constexpr std::size_t piece_bytes() const noexcept { return rows * run_bytes; }
 };
 
-// A backend that sends an all-to-all's pieces from where they lie, without packing them
-// (optional: execute() packs and calls all_to_all where a backend lacks it).
-// `all_to_all_strided(mesh_dim, send, recv, pieces)` is `all_to_all(mesh_dim, packed, recv,
-// pieces.piece_bytes())` where `packed` would hold `send`'s pieces (StridedPieces) made
-// contiguous, one after another; every member's pieces have the same piece_bytes(), and `recv`
-// is contiguous. An AsyncBackend also starts it: `start_all_to_all_strided`, same arguments.
+// A backend that sends an all-to-all's pieces from where they lie and receives them where they
+// go, without packing or unpacking them (optional: execute() packs and unpacks and calls
+// all_to_all where a backend lacks it). `all_to_all_strided(mesh_dim, send, recv, sent,
+// received)` is `all_to_all(mesh_dim, packed, staged, sent.piece_bytes())` where `packed` would
+// hold `send`'s pieces laid out as `sent` says, made contiguous one after another, and `staged`
+// piece j would then go to where `received` puts piece j in `recv`. Contiguous pieces one after
+// another are StridedPieces{1, bytes, g * bytes}; every member's pieces have the same
+// piece_bytes(). An AsyncBackend also starts it: `start_all_to_all_strided`, same arguments.
 template <class B>
 concept StridedAllToAll = Backend<B> &&
     requires(B& b, int mesh_dim, const void* send, void* recv, StridedPieces p) {
-  b.all_to_all_strided(mesh_dim, send, recv, p);
+  b.all_to_all_strided(mesh_dim, send, recv, p, p);
 } &&(!AsyncBackend<B> ||
      requires(B & b, int mesh_dim, const void* send, void* recv, StridedPieces p) {
-       { b.start_all_to_all_strided(mesh_dim, send, recv, p) } -> std::same_as<typename B::Request>;
+       {
+         b.start_all_to_all_strided(mesh_dim, send, recv, p, p)
+         } -> std::same_as<typename B::Request>;
      });
 
 // A backend that receives an all-gather's pieces where they go, without unpacking them

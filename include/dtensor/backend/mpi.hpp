@@ -166,6 +166,7 @@ class MpiBackend {
         wide_out_ = std::move(other.wide_out_);
         then_ = std::move(other.then_);
         pieces_type_ = std::move(other.pieces_type_);
+        recv_type_ = std::move(other.recv_type_);
         deadline_ = other.deadline_;
         call_ = other.call_;
       }
@@ -184,12 +185,14 @@ class MpiBackend {
     HostOps::Buffer wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
     std::function<void()> then_;
     detail::MpiType pieces_type_;  // a strided operation's pieces (StridedPieces)
+    detail::MpiType recv_type_;    // a strided all-to-all's received pieces
     std::optional<std::chrono::steady_clock::time_point> deadline_;
 
     void abandon() noexcept {
       if (requests_.empty()) return;
       requests_.clear();
       pieces_type_.release();
+      recv_type_.release();
       wide_in_.abandon();
       wide_out_.abandon();
     }
@@ -227,8 +230,9 @@ class MpiBackend {
     Request r = start_exchange(sends, recvs);
     wait(r);
   }
-  void all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
-    Request r = start_all_to_all_strided(mesh_dim, send, recv, pieces);
+  void all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
+                          StridedPieces received) {
+    Request r = start_all_to_all_strided(mesh_dim, send, recv, sent, received);
     wait(r);
   }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
@@ -266,17 +270,23 @@ class MpiBackend {
          r.call_);
     return r;
   }
-  // An all-to-all whose send pieces MPI reads where they lie (StridedAllToAll): one derived
-  // datatype (pieces_type), freed once finished.
-  Request start_all_to_all_strided(int mesh_dim, const void* send, void* recv,
-                                   StridedPieces pieces) {
-    if (pieces.rows <= 1 || pieces.run_bytes == 0)  // contiguous pieces, or none
-      return start_all_to_all(mesh_dim, send, recv, pieces.piece_bytes());
+  // An all-to-all whose pieces MPI reads where they lie and writes where they go
+  // (StridedAllToAll): a derived datatype (pieces_type) for each strided side, freed once
+  // finished.
+  Request start_all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
+                                   StridedPieces received) {
+    const bool strided_send = sent.rows > 1 && sent.run_bytes != 0;
+    const bool strided_recv = received.rows > 1 && received.run_bytes != 0;
+    if (!strided_send && !strided_recv)  // contiguous pieces, or none
+      return start_all_to_all(mesh_dim, send, recv, sent.piece_bytes());
     Request r = begin("MPI_Ialltoall");
     const MPI_Comm comm = group(mesh_dim);
-    const int n = pieces_type(pieces, r);
-    must(MPI_Ialltoall(send, 1, r.pieces_type_.get(), recv, n, MPI_BYTE, comm,
-                       &r.requests_.emplace_back()),
+    const int n = count_of(sent.piece_bytes(), r.call_);
+    if (strided_send) pieces_type(sent, r.pieces_type_, r);
+    if (strided_recv) pieces_type(received, r.recv_type_, r);
+    must(MPI_Ialltoall(send, strided_send ? 1 : n, strided_send ? r.pieces_type_.get() : MPI_BYTE,
+                       recv, strided_recv ? 1 : n, strided_recv ? r.recv_type_.get() : MPI_BYTE,
+                       comm, &r.requests_.emplace_back()),
          r.call_);
     return r;
   }
@@ -288,7 +298,7 @@ class MpiBackend {
       return start_all_gather(mesh_dim, send, recv, pieces.piece_bytes());
     Request r = begin("MPI_Iallgather");
     const MPI_Comm comm = group(mesh_dim);
-    const int n = pieces_type(pieces, r);
+    const int n = pieces_type(pieces, r.pieces_type_, r);
     must(MPI_Iallgather(send, n, MPI_BYTE, recv, 1, r.pieces_type_.get(), comm,
                         &r.requests_.emplace_back()),
          r.call_);
@@ -536,10 +546,10 @@ class MpiBackend {
       return MPI_UINT8_T;
   }
 
-  // Makes r's datatype for StridedPieces: `rows` runs of `run_bytes` bytes `stride_bytes` apart
-  // (MPI_Type_create_hvector), resized to an extent of `run_bytes` so that member j's piece
-  // starts at j * run_bytes; returns the bytes of one piece as MPI counts them.
-  int pieces_type(StridedPieces pieces, Request& r) {
+  // Makes `type`, r's datatype for StridedPieces: `rows` runs of `run_bytes` bytes
+  // `stride_bytes` apart (MPI_Type_create_hvector), resized to an extent of `run_bytes` so that
+  // member j's piece starts at j * run_bytes; returns the bytes of one piece as MPI counts them.
+  int pieces_type(StridedPieces pieces, detail::MpiType& type, const Request& r) {
     const int rows = count_of(pieces.rows, r.call_), run = count_of(pieces.run_bytes, r.call_);
     if (pieces.rows > static_cast<std::size_t>(INT_MAX) / pieces.run_bytes ||
         pieces.stride_bytes > static_cast<std::size_t>(std::numeric_limits<MPI_Aint>::max()))
@@ -550,15 +560,15 @@ class MpiBackend {
     must(MPI_Type_create_hvector(rows, run, static_cast<MPI_Aint>(pieces.stride_bytes), MPI_BYTE,
                                  vector.out()),
          "MPI_Type_create_hvector");
-    must(MPI_Type_create_resized(vector.get(), 0, run, r.pieces_type_.out()),
-         "MPI_Type_create_resized");
-    must(MPI_Type_commit(r.pieces_type_.handle()), "MPI_Type_commit");
+    must(MPI_Type_create_resized(vector.get(), 0, run, type.out()), "MPI_Type_create_resized");
+    must(MPI_Type_commit(type.handle()), "MPI_Type_commit");
     return rows * run;
   }
 
   void finish(Request& r) {
     r.requests_.clear();
     r.pieces_type_.reset();
+    r.recv_type_.reset();
     r.wide_in_ = {};
     if (r.then_) std::exchange(r.then_, nullptr)();
     r.wide_out_ = {};

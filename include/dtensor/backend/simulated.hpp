@@ -218,15 +218,16 @@ class BasicSimulatedBackend {
 
   void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
-    all_to_all_pieces(mesh_dim, send, recv, {1, bytes, static_cast<std::size_t>(g.size) * bytes});
+    const StridedPieces contiguous{1, bytes, static_cast<std::size_t>(g.size) * bytes};
+    all_to_all_pieces(mesh_dim, send, recv, contiguous, contiguous);
   }
 
-  // all_to_all with the send pieces where they lie (StridedAllToAll): each run copied from the
-  // member's buffer, the bytes counted as all_to_all's. On host memory only; a device lane packs,
-  // as NCCL does.
-  void all_to_all_strided(int mesh_dim, const void* send, void* recv,
-                          StridedPieces pieces) requires(Lane::memory == MemorySpace::host) {
-    all_to_all_pieces(mesh_dim, send, recv, pieces);
+  // all_to_all with the pieces where they lie and where they go (StridedAllToAll): copied run
+  // by run, the bytes counted as all_to_all's. On host memory only; a device lane packs, as
+  // NCCL does.
+  void all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
+                          StridedPieces received) requires(Lane::memory == MemorySpace::host) {
+    all_to_all_pieces(mesh_dim, send, recv, sent, received);
   }
 
   // all_gather with each member's piece copied run by run to where it goes in `recv`
@@ -308,20 +309,30 @@ class BasicSimulatedBackend {
     return m;
   }
 
-  // An all-to-all whose send pieces lie as `pieces` says (every member's may lie differently):
-  // member j's piece for this rank goes to j * piece_bytes of `recv`, run by run.
-  void all_to_all_pieces(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
+  // An all-to-all whose send pieces lie as `sent` says (every member's may lie differently):
+  // member j's piece for this rank goes, run by run, where `received` puts piece j of `recv`.
+  void all_to_all_pieces(int mesh_dim, const void* send, void* recv, StridedPieces sent,
+                         StridedPieces received) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
-    const std::size_t bytes = pieces.piece_bytes();
-    Meeting& m = enter(g, mesh_dim, send, recv, bytes, pieces);
+    const std::size_t bytes = sent.piece_bytes();
+    Meeting& m = enter(g, mesh_dim, send, recv, bytes, sent);
     for (int j = 0; j < g.size && bytes > 0; ++j) {
       const StridedPieces& theirs = m.pieces[static_cast<std::size_t>(j)];
       const auto* from = static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
                          static_cast<std::size_t>(g.index) * theirs.run_bytes;
-      std::byte* to = static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * bytes;
-      for (std::size_t r = 0; r < theirs.rows; ++r)
-        local_ops().copy(to + r * theirs.run_bytes, from + r * theirs.stride_bytes,
-                         theirs.run_bytes);
+      std::byte* to =
+          static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * received.run_bytes;
+      // Both sides are runs of the same bytes, cut differently: walk them together.
+      std::size_t from_row = 0, from_at = 0, to_row = 0, to_at = 0;
+      for (std::size_t left = bytes; left > 0;) {
+        const std::size_t n =
+            std::min({theirs.run_bytes - from_at, received.run_bytes - to_at, left});
+        local_ops().copy(to + to_row * received.stride_bytes + to_at,
+                         from + from_row * theirs.stride_bytes + from_at, n);
+        left -= n;
+        if ((from_at += n) == theirs.run_bytes) from_at = 0, ++from_row;
+        if ((to_at += n) == received.run_bytes) to_at = 0, ++to_row;
+      }
     }
     const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
     leave(m, g, moved, moved);

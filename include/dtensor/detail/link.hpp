@@ -131,19 +131,20 @@ struct AllToAllCall {
   }
 };
 
-// An all-to-all whose send pieces are strided (StridedPieces), on a StridedAllToAll backend.
+// An all-to-all whose pieces are strided (StridedPieces) on either side, on a StridedAllToAll
+// backend.
 struct AllToAllStridedCall {
   int mesh_dim = 0;
   const void* send = nullptr;
   void* recv = nullptr;
-  StridedPieces pieces;
+  StridedPieces sent, received;
   template <class B>
   void run(B& b) const {
-    b.all_to_all_strided(mesh_dim, send, recv, pieces);
+    b.all_to_all_strided(mesh_dim, send, recv, sent, received);
   }
   template <class B>
   auto start(B& b) const {
-    return b.start_all_to_all_strided(mesh_dim, send, recv, pieces);
+    return b.start_all_to_all_strided(mesh_dim, send, recv, sent, received);
   }
 };
 
@@ -203,10 +204,10 @@ struct Link {
                               std::span<const RecvMessage> recvs) const {
     return Operation<B, ExchangeCall>(*this, {sends, recvs});
   }
-  // Only where the backend sends strided pieces itself (StridedAllToAll).
-  [[nodiscard]] auto all_to_all_strided(int k, const void* send, void* recv,
-                                        StridedPieces pieces) const requires StridedAllToAll<B> {
-    return Operation<B, AllToAllStridedCall>(*this, {k, send, recv, pieces});
+  // Only where the backend sends and receives strided pieces itself (StridedAllToAll).
+  [[nodiscard]] auto all_to_all_strided(int k, const void* send, void* recv, StridedPieces sent,
+                                        StridedPieces received) const requires StridedAllToAll<B> {
+    return Operation<B, AllToAllStridedCall>(*this, {k, send, recv, sent, received});
   }
   // Only where the backend receives strided pieces itself (StridedAllGather).
   [[nodiscard]] auto all_gather_strided(int k, const void* send, void* recv,
@@ -215,11 +216,11 @@ struct Link {
   }
 };
 
-// A link whose all-to-all can send strided pieces unpacked (a Link on a StridedAllToAll
-// backend; a batch's link packs).
+// A link whose all-to-all can send and receive strided pieces unpacked (a Link on a
+// StridedAllToAll backend; a batch's link packs).
 template <class L>
 concept StridedLink = requires(const L& link, const void* send, void* recv, StridedPieces p) {
-  link.all_to_all_strided(0, send, recv, p);
+  link.all_to_all_strided(0, send, recv, p, p);
 };
 
 // A link whose all-gather can receive strided pieces where they go (a Link on a

@@ -278,14 +278,17 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
     piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
     const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
     // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
-    // (receive). Where they are not slabs of the block, a backend that sends strided pieces
-    // (StridedAllToAll) takes them from the block as they lie; otherwise they are packed.
+    // (receive). Where they are not, a backend that moves strided pieces (StridedAllToAll)
+    // takes them from the block as they lie and puts them in the target where they go;
+    // otherwise they are packed and unpacked.
     const bool direct_send = even && slabs_along(c.have.shape, j_dim);
     const bool strided_send = StridedLink<L> && even && !direct_send;
     const bool direct_recv = even && slabs_along(c.want.shape, i);
+    const bool strided_recv = StridedLink<L> && even && !direct_recv;
     auto send = ops.allocate(
         direct_send || strided_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
-    auto recv = ops.allocate(direct_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
+    auto recv =
+        ops.allocate(direct_recv || strided_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
     if (even && !direct_send && !strided_send)
       ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
     for (int j = 0; j < g && !even; ++j) {
@@ -294,14 +297,18 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
                    send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin,
                    part.shape, c.elem);
     }
-    std::byte* const to = direct_recv ? out : recv.data();
+    std::byte* const to = direct_recv || strided_recv ? out : recv.data();
     if constexpr (StridedLink<L>) {
-      if (strided_send)
-        co_await link.all_to_all_strided(k, cur, to, pieces_along(c.have.shape, j_dim, g, c.elem));
+      const StridedPieces contiguous{1, piece_bytes, piece_bytes * static_cast<std::size_t>(g)};
+      if (strided_send || strided_recv)
+        co_await link.all_to_all_strided(
+            k, cur, to, strided_send ? pieces_along(c.have.shape, j_dim, g, c.elem) : contiguous,
+            strided_recv ? pieces_along(c.want.shape, i, g, c.elem) : contiguous);
     }
-    if (!strided_send)
+    if (!strided_send && !strided_recv)
       co_await link.all_to_all(k, direct_send ? cur : send.data(), to, piece_bytes);
-    if (even && !direct_recv) ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
+    if (even && !direct_recv && !strided_recv)
+      ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
     for (int j = 0; j < g && !even; ++j) {
       const Box part = intersect(member_box(c, c.before, j), c.want);
       ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
