@@ -74,41 +74,42 @@ bool write_to(const Exchange& x, const Peers& p, int peer, std::size_t offset, c
   return process_vm_writev(p.pids[at], local, count, &remote, 1, 0) == static_cast<ssize_t>(bytes);
 }
 
+// Writes every peer's piece, `rows_per` rows at a time, starting with the next rank's:
+// `write(peer, row, m)` writes rows [row, row + m) of that peer's piece. Then waits until every
+// write into this rank's target has landed.
+template <class Write>
+bool write_pieces(const Exchange& x, std::size_t rows_per, Write&& write) {
+  bool ok = true;
+  for (int k = 0; k < x.size; ++k) {
+    const int peer = (x.rank + k) % x.size;
+    for (std::size_t row = 0; row < x.rows; row += rows_per)
+      ok = write(peer, row, std::min(rows_per, x.rows - row)) && ok;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return ok;
+}
+
 // The kernel's single copy, gathering the rows where they lie: one iovec per row.
 bool cma_per_row(Exchange& x, const Peers& p) {
   constexpr std::size_t max_iov = 1024;  // IOV_MAX on Linux
   std::vector<iovec> local(max_iov);
-  bool ok = true;
-  for (int k = 0; k < x.size; ++k) {
-    const int peer = (x.rank + k) % x.size;
-    for (std::size_t row = 0; row < x.rows; row += max_iov) {
-      const std::size_t m = std::min(max_iov, x.rows - row);
-      for (std::size_t i = 0; i < m; ++i)
-        local[i] = {const_cast<char*>(x.run_of(peer, row + i)), x.run};
-      ok = write_to(x, p, peer, x.rank * x.piece() + row * x.run, local.data(), m, m * x.run) && ok;
-    }
-  }
-  MPI_Barrier(MPI_COMM_WORLD);  // every write into this rank's target has landed
-  return ok;
+  return write_pieces(x, max_iov, [&](int peer, std::size_t row, std::size_t m) {
+    for (std::size_t i = 0; i < m; ++i)
+      local[i] = {const_cast<char*>(x.run_of(peer, row + i)), x.run};
+    return write_to(x, p, peer, x.rank * x.piece() + row * x.run, local.data(), m, m * x.run);
+  });
 }
 
 // Packed 64 KiB at a time into a buffer that stays in cache, then one contiguous write.
 bool cma_packed(Exchange& x, const Peers& p) {
   const std::size_t rows_per = std::max<std::size_t>(1, (std::size_t{64} << 10) / x.run);
   std::vector<char> staging(rows_per * x.run);
-  bool ok = true;
-  for (int k = 0; k < x.size; ++k) {
-    const int peer = (x.rank + k) % x.size;
-    for (std::size_t row = 0; row < x.rows; row += rows_per) {
-      const std::size_t m = std::min(rows_per, x.rows - row);
-      for (std::size_t i = 0; i < m; ++i)
-        std::memcpy(staging.data() + i * x.run, x.run_of(peer, row + i), x.run);
-      iovec local{staging.data(), m * x.run};
-      ok = write_to(x, p, peer, x.rank * x.piece() + row * x.run, &local, 1, m * x.run) && ok;
-    }
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return ok;
+  return write_pieces(x, rows_per, [&](int peer, std::size_t row, std::size_t m) {
+    for (std::size_t i = 0; i < m; ++i)
+      std::memcpy(staging.data() + i * x.run, x.run_of(peer, row + i), x.run);
+    iovec local{staging.data(), m * x.run};
+    return write_to(x, p, peer, x.rank * x.piece() + row * x.run, &local, 1, m * x.run);
+  });
 }
 #endif
 

@@ -492,17 +492,16 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
     for (int d = 0; d < nd; ++d) numel *= cuts[d][cell[d] + 1] - cuts[d][cell[d]];
     if (numel > 0) {
       std::int64_t holders = 0, lacking = 0;
-      for (int i = 0; i < members; ++i) {
-        bool in_target = true, in_source = true;
+      // A cell lies inside a block or outside it: its first element says which.
+      auto holds = [&](const Box& box) {
         for (int d = 0; d < nd; ++d) {
           const std::int64_t x = cuts[d][cell[d]];
-          in_target =
-              in_target && x >= target[i].offset[d] && x < target[i].offset[d] + target[i].shape[d];
-          in_source =
-              in_source && x >= source[i].offset[d] && x < source[i].offset[d] + source[i].shape[d];
+          if (x < box.offset[d] || x >= box.offset[d] + box.shape[d]) return false;
         }
-        if (in_target) (in_source ? holders : lacking) += 1;
-      }
+        return true;
+      };
+      for (int i = 0; i < members; ++i)
+        if (holds(target[i])) (holds(source[i]) ? holders : lacking) += 1;
       if (lacking > 0) {
         const std::int64_t own = classes * lacking;
         const std::int64_t mixed = classes - 1 + holders + lacking - (holders > 0 ? 1 : 0);
@@ -1082,9 +1081,14 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const MeshCoord& probe = lb.busiest;
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  // Whether the best plan so far moves more than the bound (or is none): the searches below run
+  // only then.
+  auto above_bound = [&] {
+    return detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound;
+  };
   // The kept Partials' count costs more: only when the first plan does not reach the bound
   // (where it does, the count cannot exceed it).
-  if (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound) {
+  if (above_bound()) {
     const std::int64_t kept =
         detail::bytes_mul(detail::kept_partial_elements(src, dst), src.elem_bytes());
     bound = kept > bound ? kept : bound;
@@ -1107,7 +1111,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     consider(ordered);
     consider_all_to_all(ordered);
   };
-  if (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound) {
+  if (above_bound()) {
     const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
     if (!(ordered == greedy)) consider_order(ordered);
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
@@ -1122,17 +1126,16 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     const bool made = a[k].is_replicate() && b[k].is_partial();
     if (!(kept || made) || src.mesh().size(k) == 1) continue;
     for (int d = 0; d < src.tensor_ndim(); ++d) {
-      if (!detail::plan_builder::pruned(best) && best.bytes_recv_max() <= bound) break;
+      if (!above_bound()) break;
       consider_order(
           detail::cheapest_order(src, detail::scatter_target_partial(a, b, k, d), options));
     }
   }
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
-  if (options.allow_exchange && !(a == b) &&
-      (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound))
+  if (options.allow_exchange && !(a == b) && above_bound())
     detail::try_exchanges(src, dst, options, probe, best);
-  if (detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound) {
+  if (above_bound()) {
     // Several reductions to Replicate: reduce-scatter them all, gather back at the end, over
     // every choice of the scattered tensor dims (at most 16 choices).
     int reductions = 0, collectives = 0;

@@ -275,8 +275,7 @@ class MpiBackend {
   // finished.
   Request start_all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
                                    StridedPieces received) {
-    const bool strided_send = sent.rows > 1 && sent.run_bytes != 0;
-    const bool strided_recv = received.rows > 1 && received.run_bytes != 0;
+    const bool strided_send = needs_type(sent), strided_recv = needs_type(received);
     if (!strided_send && !strided_recv)  // contiguous pieces, or none
       return start_all_to_all(mesh_dim, send, recv, sent.piece_bytes());
     Request r = begin("MPI_Ialltoall");
@@ -294,8 +293,7 @@ class MpiBackend {
   // as a strided all-to-all's, on the receive side.
   Request start_all_gather_strided(int mesh_dim, const void* send, void* recv,
                                    StridedPieces pieces) {
-    if (pieces.rows <= 1 || pieces.run_bytes == 0)  // contiguous pieces, or none
-      return start_all_gather(mesh_dim, send, recv, pieces.piece_bytes());
+    if (!needs_type(pieces)) return start_all_gather(mesh_dim, send, recv, pieces.piece_bytes());
     Request r = begin("MPI_Iallgather");
     const MPI_Comm comm = group(mesh_dim);
     const int n = pieces_type(pieces, r.pieces_type_, r);
@@ -546,6 +544,10 @@ class MpiBackend {
       return MPI_UINT8_T;
   }
 
+  // Whether the pieces need a datatype: not contiguous one after another, nor empty.
+  static bool needs_type(StridedPieces pieces) noexcept {
+    return pieces.rows > 1 && pieces.run_bytes != 0;
+  }
   // Makes `type`, r's datatype for StridedPieces: `rows` runs of `run_bytes` bytes
   // `stride_bytes` apart (MPI_Type_create_hvector), resized to an extent of `run_bytes` so that
   // member j's piece starts at j * run_bytes; returns the bytes of one piece as MPI counts them.

@@ -237,14 +237,10 @@ class BasicSimulatedBackend {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
     const std::size_t bytes = pieces.piece_bytes();
     Meeting& m = enter(g, mesh_dim, send, recv, bytes, pieces);
-    for (int j = 0; j < g.size && bytes > 0; ++j) {
-      const auto* from = static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]);
-      std::byte* to =
-          static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * pieces.run_bytes;
-      for (std::size_t r = 0; r < pieces.rows; ++r)
-        local_ops().copy(to + r * pieces.stride_bytes, from + r * pieces.run_bytes,
-                         pieces.run_bytes);
-    }
+    for (int j = 0; j < g.size && bytes > 0; ++j)
+      copy_runs(m.send[static_cast<std::size_t>(j)], {1, bytes, bytes},
+                static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * pieces.run_bytes,
+                pieces, bytes);
     const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
     leave(m, g, moved, moved);
   }
@@ -320,22 +316,30 @@ class BasicSimulatedBackend {
       const StridedPieces& theirs = m.pieces[static_cast<std::size_t>(j)];
       const auto* from = static_cast<const std::byte*>(m.send[static_cast<std::size_t>(j)]) +
                          static_cast<std::size_t>(g.index) * theirs.run_bytes;
-      std::byte* to =
-          static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * received.run_bytes;
-      // Both sides are runs of the same bytes, cut differently: walk them together.
-      std::size_t from_row = 0, from_at = 0, to_row = 0, to_at = 0;
-      for (std::size_t left = bytes; left > 0;) {
-        const std::size_t n =
-            std::min({theirs.run_bytes - from_at, received.run_bytes - to_at, left});
-        local_ops().copy(to + to_row * received.stride_bytes + to_at,
-                         from + from_row * theirs.stride_bytes + from_at, n);
-        left -= n;
-        if ((from_at += n) == theirs.run_bytes) from_at = 0, ++from_row;
-        if ((to_at += n) == received.run_bytes) to_at = 0, ++to_row;
-      }
+      copy_runs(from, theirs,
+                static_cast<std::byte*>(recv) + static_cast<std::size_t>(j) * received.run_bytes,
+                received, bytes);
     }
     const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
     leave(m, g, moved, moved);
+  }
+
+  // Copies `bytes` bytes laid out as runs of `from_runs` (run r at r * stride_bytes of `from`)
+  // into runs of `to_runs` at `to`: both sides are runs of the same bytes, cut differently, and
+  // are walked together.
+  void copy_runs(const void* from, StridedPieces from_runs, std::byte* to, StridedPieces to_runs,
+                 std::size_t bytes) const {
+    const auto* source = static_cast<const std::byte*>(from);
+    std::size_t from_row = 0, from_at = 0, to_row = 0, to_at = 0;
+    for (std::size_t left = bytes; left > 0;) {
+      const std::size_t n =
+          std::min({from_runs.run_bytes - from_at, to_runs.run_bytes - to_at, left});
+      local_ops().copy(to + to_row * to_runs.stride_bytes + to_at,
+                       source + from_row * from_runs.stride_bytes + from_at, n);
+      left -= n;
+      if ((from_at += n) == from_runs.run_bytes) from_at = 0, ++from_row;
+      if ((to_at += n) == to_runs.run_bytes) to_at = 0, ++to_row;
+    }
   }
 
   // Every member's send buffer, `offset` bytes in, in group order.

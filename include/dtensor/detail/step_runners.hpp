@@ -131,8 +131,7 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
     // target when every member's piece is whole (even) and they stack as slabs of it, or, on a
     // backend that receives strided pieces (StridedAllGather), lie side by side in it.
     const bool direct = even && slabs_along(c.want.shape, i);
-    bool strided_recv = false;
-    if constexpr (StridedGatherLink<L>) strided_recv = even && !direct;
+    const bool strided_recv = StridedGatherLink<L> && even && !direct;
     auto send = ops.allocate(exact ? 0 : piece_bytes, true);
     auto recv =
         ops.allocate(direct || strided_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
