@@ -111,14 +111,21 @@ Outcome run_case(const Layout& src, const Layout& dst, const PlanOptions& option
     execute(plan, b, std::span<const T>(in[r]), std::span<T>(out[r]), &stats[r]);
   });
   Outcome o;
-  const std::int64_t predicted = workspace_bytes(plan);
-  for (int r = 0; r < n; ++r)
-    if (stats[static_cast<std::size_t>(r)].scratch_peak_bytes > predicted) {
+  // Every rank holds exactly the scratch the executor plans for it on this backend, within
+  // workspace_bytes for the backend and for any backend.
+  const std::int64_t predicted = workspace_bytes<SimulatedBackend>(plan);
+  for (int r = 0; r < n; ++r) {
+    const std::int64_t held = stats[static_cast<std::size_t>(r)].scratch_peak_bytes;
+    const std::int64_t planned = detail::rank_workspace_bytes(
+        plan, mesh.coordinate(r), 0, detail::abilities_of<detail::Link<SimulatedBackend>>);
+    if (held != planned || held > predicted || predicted > workspace_bytes(plan)) {
       ++o.wrong;
       if (o.first.empty())
-        o.first = fmt::format("rank {} held {} scratch bytes, workspace_bytes says {}", r,
-                              stats[static_cast<std::size_t>(r)].scratch_peak_bytes, predicted);
+        o.first = fmt::format(
+            "rank {} held {} scratch bytes, planned {}, workspace_bytes {} (any backend {})", r,
+            held, planned, predicted, workspace_bytes(plan));
     }
+  }
   auto note = [&](std::string what) {
     if (o.first.empty()) o.first = std::move(what);
   };
@@ -497,6 +504,14 @@ TEST_CASE("pieces sent and received strided, without packing", "[execute][stride
         const auto u = static_cast<std::size_t>(i);
         CHECK(strided.measured[u] == rank_bytes(plan, mesh.rank_at(i)));
         CHECK(packed.measured[u] == strided.measured[u]);
+        // Exactly the scratch the executor plans for each backend.
+        const MeshCoord at = mesh.coordinate(mesh.rank_at(i));
+        CHECK(strided.scratch_peak[u] ==
+              detail::rank_workspace_bytes(plan, at, 0,
+                                           detail::abilities_of<detail::Link<SimulatedBackend>>));
+        CHECK(packed.scratch_peak[u] ==
+              detail::rank_workspace_bytes(plan, at, 0,
+                                           detail::abilities_of<detail::Link<PackingBackend>>));
         if (c.strided)
           CHECK(strided.scratch_peak[u] < packed.scratch_peak[u]);
         else

@@ -40,7 +40,8 @@ struct RecvMessage {
 //  - reduce_scatter: send holds one block of `count` elements per member, in order; recv gets
 //    this member's block reduced over the group (f16 and bf16 accumulate in float).
 //  - all_reduce: recv gets the reduction of send over the group; every member gets bit-identical
-//    values.
+//    values. send may be recv (in place; the executor runs an all-reduce in the caller's target
+//    that way); other buffers never overlap.
 //  - all_to_all: send holds one block of `bytes` per member, in order; recv gets member j's block
 //    for this rank at position j.
 //  - exchange: a grouped point-to-point round between global ranks; each send is matched by a

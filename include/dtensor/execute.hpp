@@ -26,8 +26,9 @@ namespace dtensor {
 
 namespace detail {
 
-// Bytes of the send/receive staging one step allocates on the rank at `me`; with `messages`, as
-// run_plan runs it in point-to-point messages (exact pieces; an all-reduce keeps the g blocks).
+// An upper bound on the staging one step takes on the rank at `me` over any link, both sides
+// packed or staged; with `messages`, as run_plan runs it in point-to-point messages (exact
+// pieces; an all-reduce keeps the g blocks). A batch's round packs at most this much of it.
 inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const MeshCoord& me,
                                        bool messages = false) {
   const Step& s = plan[i];
@@ -76,36 +77,40 @@ inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const Me
   }
 }
 
-// workspace_bytes(plan), with the steps whose bit is set in `point_to_point` run as messages
-// (run_plan's argument of that name).
-inline std::int64_t workspace_bytes(const Plan& plan, std::uint32_t point_to_point) {
+// The scratch run_plan holds at most on the rank at `me` (place_blocks), with the steps whose
+// bit is set in `point_to_point` run as messages, over a link with abilities `a`.
+inline std::int64_t rank_workspace_bytes(const Plan& plan, const MeshCoord& me,
+                                         std::uint32_t point_to_point, LinkAbilities a = {}) {
+  return plan.empty() ? 0 : place_blocks(plan, me, point_to_point, a).peak;
+}
+
+// workspace_bytes(plan) over a link with abilities `a`, with the steps whose bit is set in
+// `point_to_point` run as messages (run_plan's argument of that name).
+inline std::int64_t workspace_bytes(const Plan& plan, std::uint32_t point_to_point,
+                                    LinkAbilities a = {}) {
   const DeviceMesh& mesh = plan.src().mesh();
-  const std::int64_t elem = plan.src().elem_bytes();
   std::int64_t most = 0;
-  for (int r = 0; r < mesh.size(); ++r) {
-    const MeshCoord me = mesh.coordinate(mesh.rank_at(r));
-    std::int64_t between[2] = {0, 0};
-    for (std::size_t i = 0; i + 1 < plan.size(); ++i) {
-      const std::int64_t b = plan.src().local_box(plan[i].after, me).numel() * elem;
-      between[i % 2] = b > between[i % 2] ? b : between[i % 2];
-    }
-    std::int64_t staging = 0;
-    for (std::size_t i = 0; i < plan.size(); ++i) {
-      const std::int64_t b = step_staging_bytes(plan, i, me, (point_to_point >> i & 1u) != 0);
-      staging = b > staging ? b : staging;
-    }
-    const std::int64_t total = between[0] + between[1] + staging;
-    most = total > most ? total : most;
-  }
+  for (int r = 0; r < mesh.size(); ++r)
+    most = std::max(
+        most, rank_workspace_bytes(plan, mesh.coordinate(mesh.rank_at(r)), point_to_point, a));
   return most;
 }
 
 }  // namespace detail
 
-// Bytes of scratch memory execute() holds at most on any rank for this plan: the blocks
-// between steps (two buffers, reused) plus the staging of the largest step. Not counted: the
-// caller's source and target, and what a backend allocates inside its collectives.
+// Bytes of scratch memory execute() holds at most on any rank for this plan, on any backend:
+// the blocks between steps that do not fit in (or cannot use) the caller's target, around each
+// step, plus that step's staging. Not counted: the caller's source and target, and what a
+// backend allocates inside its collectives.
 inline std::int64_t workspace_bytes(const Plan& plan) { return detail::workspace_bytes(plan, 0); }
+
+// The same on backend B (`workspace_bytes<MpiBackend>(plan)`), whose strided operations
+// (StridedAllToAll, StridedAllGather) need less staging: exactly what execute() holds on B's
+// busiest rank.
+template <Backend B>
+std::int64_t workspace_bytes(const Plan& plan) {
+  return detail::workspace_bytes(plan, 0, detail::abilities_of<detail::Link<B>>);
+}
 
 // What one execute() call used, for tests and tuning.
 struct ExecuteStats {

@@ -603,7 +603,8 @@ class MpiBackend {
                                        &r.requests_.emplace_back()),
              r.call_);
       else
-        must(MPI_Iallreduce(in, out, n, mpi_type<C>(), mpi_op, comm, &r.requests_.emplace_back()),
+        must(MPI_Iallreduce(static_cast<const void*>(in) == out ? MPI_IN_PLACE : in, out, n,
+                            mpi_type<C>(), mpi_op, comm, &r.requests_.emplace_back()),
              r.call_);
       // Once complete: the average, and the narrowing back to f16 or bf16.
       if (op == ReduceOp::avg || !std::is_same_v<C, T>)

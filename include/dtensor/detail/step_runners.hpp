@@ -24,7 +24,6 @@ enum class Movement { native, exact };
 
 struct StepContext {
   const Plan& plan;
-  const Step& step;
   Layout before, after;
   MeshCoord me;
   Box have, want;
@@ -32,6 +31,14 @@ struct StepContext {
   // Every group of the step cuts its pieces equally: one native collective everywhere. The
   // choice must be the same on every rank, since an exact step is a mesh-wide round.
   bool even = false;
+  // Run as point-to-point messages with exact pieces (a batch's round whose steps differ).
+  bool messages = false;
+  Step step;  // padded cleared when `messages`
+  // Room in the caller's target that holds no block during this step (run_plan), where the
+  // step may put its staging instead of allocating it: `spare_bytes` at `spare` (null when
+  // only sizes are computed).
+  std::byte* spare = nullptr;
+  std::size_t spare_bytes = 0;
 };
 
 inline std::size_t bytes_of(const Box& b, std::size_t elem) {
@@ -114,76 +121,162 @@ inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64
   return shape;
 }
 
-// Each run_* performs one step on `ops`'s memory and returns the bytes of staging it allocated.
-// `c` and `ops` live in the caller's frame, which outlives the step.
+// What a link does beyond the Backend concept that spares a step its staging.
+struct LinkAbilities {
+  bool strided_all_to_all = false;  // sends and receives strided pieces (StridedLink)
+  bool strided_all_gather = false;  // receives an all-gather's strided pieces (StridedGatherLink)
+};
+
+template <class L>
+inline constexpr LinkAbilities abilities_of{StridedLink<L>, StridedGatherLink<L>};
+
+// A step's two staging buffers, what it packs to send and what it stages as received (bytes),
+// and which of them lie in the spare room of the caller's target instead of being allocated.
+struct Staging {
+  std::size_t send = 0, recv = 0;
+  bool send_zeroed = false;  // the send buffer starts zero-filled: allocated, never spare room
+  bool send_spare = false, recv_spare = false;
+
+  [[nodiscard]] std::size_t allocated() const {
+    return (send_spare ? 0 : send) + (recv_spare ? 0 : recv);
+  }
+  // Both buffers in `spare` bytes if they fit together, else the larger one that fits.
+  void use_spare(std::size_t spare) {
+    const bool send_fits = !send_zeroed && send > 0 && send <= spare;
+    const bool recv_fits = recv > 0 && recv <= spare;
+    send_spare = send_fits && (!recv_fits || send + recv <= spare || send >= recv);
+    recv_spare = recv_fits && (!send_spare || send + recv <= spare);
+  }
+};
+
+// The staging buffers of one step, allocated or in the spare room (`spare`) as `s` says.
+template <class Ops>
+struct StagingBuffers {
+  using Buffer = std::remove_cvref_t<decltype(std::declval<const Ops&>().allocate(0))>;
+  Buffer send_buffer, recv_buffer;
+  std::byte* send;
+  std::byte* recv;
+
+  StagingBuffers(const Ops& ops, const Staging& s, std::byte* spare)
+      : send_buffer(ops.allocate(s.send_spare ? 0 : s.send, s.send_zeroed)),
+        recv_buffer(ops.allocate(s.recv_spare ? 0 : s.recv)),
+        send(s.send_spare ? spare : send_buffer.data()),
+        recv(s.recv_spare ? spare + (s.send_spare ? s.send : 0) : recv_buffer.data()) {}
+  [[nodiscard]] std::size_t allocated() const { return send_buffer.size() + recv_buffer.size(); }
+};
+
+// How an all-gather moves its pieces on this rank, and the staging that takes (bytes).
+struct GatherWay : Staging {
+  Shape piece;                  // native: every member's piece, padded to the largest
+  std::size_t piece_bytes = 0;  // native
+  bool whole = false;           // native: the block is a whole piece, sent as it is
+  bool direct = false;          // pieces land straight in the target (slabs of it)
+  bool strided = false;         // native: pieces land strided in the target (StridedGatherLink)
+  std::vector<std::size_t> at;  // exact: where each member's block is staged
+};
+
+inline GatherWay gather_way(const StepContext& c, LinkAbilities a) {
+  const int k = c.step.mesh_dim, i = c.step.before[k].dim();
+  const auto g = static_cast<std::size_t>(c.plan.src().mesh().size(k));
+  GatherWay w;
+  if (c.even || c.step.padded) {
+    w.piece = padded_shape(c, c.have.shape, i, c.want.shape[i]);
+    w.piece_bytes = bytes_of(Box{Shape(w.piece.size(), 0), w.piece}, c.elem);
+    w.whole = w.piece == c.have.shape;
+    // Zero-copy: receive straight into the target when every member's piece is whole (even)
+    // and they stack as slabs of it, or, on a link that receives strided pieces, lie side by
+    // side in it.
+    w.direct = c.even && slabs_along(c.want.shape, i);
+    w.strided = a.strided_all_gather && c.even && !w.direct;
+    w.send = w.whole ? 0 : w.piece_bytes;
+    w.send_zeroed = true;
+    w.recv = w.direct || w.strided ? 0 : w.piece_bytes * g;
+    w.use_spare(c.spare_bytes);
+    return w;
+  }
+  // Exact: every member's block, whatever its size, in one point-to-point round; straight into
+  // the target where the blocks are slabs of it.
+  w.direct = slabs_along(c.want.shape, i);
+  w.at = packed_offsets(c, [&](int j) { return member_box(c, c.before, j); });
+  w.recv = w.direct ? 0 : w.at.back();
+  w.use_spare(c.spare_bytes);
+  return w;
+}
+
+// Each run_* performs one step on `ops`'s memory and returns the bytes of staging it allocated
+// (its *_way's send + recv). `c` and `ops` live in the caller's frame, which outlives the step.
 template <class L, class Ops>
 Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
                                  std::byte* out) {
   const int k = c.step.mesh_dim, i = c.step.before[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const bool even = c.even;
+  const GatherWay w = gather_way(c, abilities_of<L>);
   const Shape origin(c.have.shape.size(), 0);
-  if (even || c.step.padded) {
-    const Shape piece = padded_shape(c, c.have.shape, i, c.want.shape[i]);
-    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
-    const bool exact = piece == c.have.shape;
-    // Zero-copy: send the block as it is when it is a whole piece; receive straight into the
-    // target when every member's piece is whole (even) and they stack as slabs of it, or, on a
-    // backend that receives strided pieces (StridedAllGather), lie side by side in it.
-    const bool direct = even && slabs_along(c.want.shape, i);
-    const bool strided_recv = StridedGatherLink<L> && even && !direct;
-    auto send = ops.allocate(exact ? 0 : piece_bytes, true);
-    auto recv =
-        ops.allocate(direct || strided_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
-    if (!exact)
-      ops.copy_box(cur, c.have.shape, origin, send.data(), piece, origin, c.have.shape, c.elem);
-    const std::byte* const from = exact ? cur : send.data();
+  if (c.even || c.step.padded) {
+    const StagingBuffers b(ops, w, c.spare);
+    if (!w.whole)
+      ops.copy_box(cur, c.have.shape, origin, b.send, w.piece, origin, c.have.shape, c.elem);
+    const std::byte* const from = w.whole ? cur : b.send;
     if constexpr (StridedGatherLink<L>) {
-      if (strided_recv)
+      if (w.strided)
         co_await link.all_gather_strided(k, from, out, pieces_along(c.want.shape, i, g, c.elem));
     }
-    if (!strided_recv) co_await link.all_gather(k, from, direct ? out : recv.data(), piece_bytes);
-    if (even && !direct && !strided_recv)
-      ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
-    for (int j = 0; j < g && !even; ++j) {
+    if (!w.strided) co_await link.all_gather(k, from, w.direct ? out : b.recv, w.piece_bytes);
+    if (c.even && !w.direct && !w.strided)
+      ops.unpack_pieces(b.recv, out, c.want.shape, i, g, c.elem);
+    for (int j = 0; j < g && !c.even; ++j) {
       const Box bj = member_box(c, c.before, j);
-      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
+      ops.copy_box(b.recv + static_cast<std::size_t>(j) * w.piece_bytes, w.piece, origin, out,
                    c.want.shape, relative(bj, c.want), bj.shape, c.elem);
     }
-    co_return send.size() + recv.size();
+    co_return b.allocated();
   }
-  // Exact: every member's block, whatever its size, in one point-to-point round; straight into
-  // the target where the blocks are slabs of it (and it is not the source too).
-  const bool direct = slabs_along(c.want.shape, i) && cur != out;
-  const std::vector<std::size_t> at =
-      packed_offsets(c, [&](int j) { return member_box(c, c.before, j); });
-  auto staging = ops.allocate(direct ? 0 : at.back());
+  const StagingBuffers b(ops, w, c.spare);
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   for (int j = 0; j < g; ++j) {
     if (j == me) continue;
     const auto u = static_cast<std::size_t>(j);
     if (!c.have.empty()) sends.push_back({global_rank(c, j), cur, bytes_of(c.have, c.elem)});
-    if (at[u + 1] == at[u]) continue;
-    std::byte* to = direct ? out + slab_offset(member_box(c, c.before, j), c.want, c.elem)
-                           : staging.data() + at[u];
-    recvs.push_back({global_rank(c, j), to, at[u + 1] - at[u]});
+    if (w.at[u + 1] == w.at[u]) continue;
+    std::byte* to =
+        w.direct ? out + slab_offset(member_box(c, c.before, j), c.want, c.elem) : b.recv + w.at[u];
+    recvs.push_back({global_rank(c, j), to, w.at[u + 1] - w.at[u]});
   }
   co_await link.exchange(sends, recvs);
   for (int j = 0; j < g; ++j) {
-    if (direct && j != me) continue;
+    if (w.direct && j != me) continue;
     const Box bj = member_box(c, c.before, j);
-    const std::byte* from = j == me ? cur : staging.data() + at[static_cast<std::size_t>(j)];
+    const std::byte* from = j == me ? cur : b.recv + w.at[static_cast<std::size_t>(j)];
     copy_piece(ops, from, bj, out, c.want, bj, c.elem);
   }
-  co_return staging.size();
+  co_return b.allocated();
 }
 
-// A reduction as one point-to-point round: each member sends every other member its partial of
-// that member's piece (`piece(j)`, inside the block), then reduces the g partials of its own
-// piece (c.want) in group order, so that members with the same piece compute bit-identical
-// values. Where `slabs`, the pieces are slabs of the block: they are sent as they lie, and this
-// member's own partial is reduced from the block (unless the target is the block too).
+// A reduction as one point-to-point round (run_exchange_reduce): where its pieces go, and its
+// staging. Where `slabs`, the pieces are slabs of the block: sent as they lie, and this
+// member's own partial is reduced from the block.
+// Its staging: the pieces packed to send (unless slabs), and the partials received.
+struct ExchangeReduceWay : Staging {
+  bool slabs = false;
+  std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs)
+};
+
+template <class Piece>
+ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece piece_of) {
+  const auto g = static_cast<std::size_t>(c.plan.src().mesh().size(c.step.mesh_dim));
+  ExchangeReduceWay w;
+  w.slabs = slabs;
+  w.at = packed_offsets(c, piece_of);
+  w.send = slabs ? 0 : w.at.back();
+  w.recv = bytes_of(c.want, c.elem) * (slabs ? g - 1 : g);
+  w.use_spare(c.spare_bytes);
+  return w;
+}
+
+// Each member sends every other member its partial of that member's piece (`piece_of(j)`,
+// inside the block), then reduces the g partials of its own piece (c.want) in group order, so
+// that members with the same piece compute bit-identical values.
 template <class L, class Ops, class Piece>
 Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext& c,
                                       const std::byte* cur, std::byte* out, bool slabs,
@@ -191,21 +284,19 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   const int k = c.step.mesh_dim;
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const std::size_t own_bytes = bytes_of(c.want, c.elem);
-  const bool own_in_place = slabs && cur != out;
-  const std::vector<std::size_t> at = packed_offsets(c, piece_of);
-  auto packed = ops.allocate(slabs ? 0 : at.back());
-  auto partials = ops.allocate(own_bytes * static_cast<std::size_t>(own_in_place ? g - 1 : g));
+  const ExchangeReduceWay w = exchange_reduce_way(c, slabs, piece_of);
+  const StagingBuffers b(ops, w, c.spare);
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   std::vector<const void*> parts(static_cast<std::size_t>(g));
   std::size_t next = 0;
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
-    if (j == me && own_in_place) {
+    if (j == me && slabs) {
       parts[u] = cur + slab_offset(c.want, c.have, c.elem);
       continue;
     }
-    std::byte* partial = partials.data() + next++ * own_bytes;
+    std::byte* partial = b.recv + next++ * own_bytes;
     parts[u] = partial;
     if (j == me) {
       copy_piece(ops, cur, c.have, partial, c.want, c.want, c.elem);
@@ -214,16 +305,39 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
     const Box aj = piece_of(j);
     const std::byte* piece = cur + (slabs ? slab_offset(aj, c.have, c.elem) : 0);
     if (!slabs) {
-      piece = packed.data() + at[u];
-      copy_piece(ops, cur, c.have, packed.data() + at[u], aj, aj, c.elem);
+      piece = b.send + w.at[u];
+      copy_piece(ops, cur, c.have, b.send + w.at[u], aj, aj, c.elem);
     }
-    if (!aj.empty()) sends.push_back({global_rank(c, j), piece, at[u + 1] - at[u]});
+    if (!aj.empty()) sends.push_back({global_rank(c, j), piece, w.at[u + 1] - w.at[u]});
     if (own_bytes) recvs.push_back({global_rank(c, j), partial, own_bytes});
   }
   co_await link.exchange(sends, recvs);
   ops.reduce(c.plan.src().dtype(), out, parts, static_cast<std::size_t>(c.want.numel()),
              c.step.before[k].reduce_op());
-  co_return packed.size() + partials.size();
+  co_return b.allocated();
+}
+
+// How a native reduce-scatter moves its pieces on this rank, and the staging that takes.
+struct ScatterWay : Staging {
+  Shape piece;  // every member's piece, padded to the largest
+  std::size_t piece_bytes = 0;
+  bool whole = false;        // this member's piece needs no padding: received in the target
+  bool direct_send = false;  // the block's pieces are slabs of it: sent as it lies
+};
+
+inline ScatterWay scatter_way(const StepContext& c) {
+  const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
+  const auto g = static_cast<std::size_t>(c.plan.src().mesh().size(k));
+  ScatterWay w;
+  w.piece = padded_shape(c, c.want.shape, j_dim, c.have.shape[j_dim]);
+  w.piece_bytes = bytes_of(Box{Shape(w.piece.size(), 0), w.piece}, c.elem);
+  w.whole = w.piece == c.want.shape;
+  w.direct_send = c.even && slabs_along(c.have.shape, j_dim);
+  w.send = w.direct_send ? 0 : w.piece_bytes * g;
+  w.send_zeroed = !w.whole;
+  w.recv = w.whole ? 0 : w.piece_bytes;
+  w.use_spare(c.spare_bytes);
+  return w;
 }
 
 template <class L, class Ops>
@@ -233,34 +347,83 @@ Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& 
   const int g = c.plan.src().mesh().size(k);
   const ReduceOp op = c.step.before[k].reduce_op();
   const DType dtype = c.plan.src().dtype();
-  const bool even = c.even;
   const Shape origin(c.want.shape.size(), 0);
-  if (even || c.step.padded) {
-    const Shape piece = padded_shape(c, c.want.shape, j_dim, c.have.shape[j_dim]);
-    const Box piece_box{origin, piece};
-    const std::size_t piece_bytes = bytes_of(piece_box, c.elem);
-    const bool exact = piece == c.want.shape;
-    // Zero-copy: send the block itself when the group is even and its pieces are slabs of it;
-    // receive into the target when this member's piece needs no padding.
-    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
-    auto send = ops.allocate(direct_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !exact);
-    auto recv = ops.allocate(exact ? 0 : piece_bytes);
-    if (even && !direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
-    for (int j = 0; j < g && !even; ++j) {
+  if (c.even || c.step.padded) {
+    const ScatterWay w = scatter_way(c);
+    const StagingBuffers b(ops, w, c.spare);
+    if (c.even && !w.direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, b.send, c.elem);
+    for (int j = 0; j < g && !c.even; ++j) {
       const Box aj = member_box(c, c.after, j);
       ops.copy_box(cur, c.have.shape, relative(aj, c.have),
-                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, aj.shape,
+                   b.send + static_cast<std::size_t>(j) * w.piece_bytes, w.piece, origin, aj.shape,
                    c.elem);
     }
-    co_await link.reduce_scatter(k, direct_send ? cur : send.data(), exact ? out : recv.data(),
-                                 static_cast<std::size_t>(piece_box.numel()), dtype, op);
-    if (!exact)
-      ops.copy_box(recv.data(), piece, origin, out, c.want.shape, origin, c.want.shape, c.elem);
-    co_return send.size() + recv.size();
+    co_await link.reduce_scatter(k, w.direct_send ? cur : b.send, w.whole ? out : b.recv,
+                                 static_cast<std::size_t>(Box{origin, w.piece}.numel()), dtype, op);
+    if (!w.whole)
+      ops.copy_box(b.recv, w.piece, origin, out, c.want.shape, origin, c.want.shape, c.elem);
+    co_return b.allocated();
   }
   // Exact: one point-to-point round (run_exchange_reduce).
   co_return co_await run_exchange_reduce(link, ops, c, cur, out, slabs_along(c.have.shape, j_dim),
                                          [&c](int j) { return member_box(c, c.after, j); });
+}
+
+// How an all-to-all moves its pieces on this rank, and the staging that takes.
+struct AllToAllWay : Staging {
+  Shape piece;                  // native: every piece, padded to the largest
+  std::size_t piece_bytes = 0;  // native
+  bool direct_send = false;     // the pieces are slabs of the block: sent as they lie
+  bool strided_send = false;    // native: sent strided from the block (StridedLink)
+  bool direct_recv = false;     // the pieces are slabs of the target: received there
+  bool strided_recv = false;    // native: received strided into the target (StridedLink)
+  // Native, even, packed and staged on both sides: the pieces are packed into the target (of
+  // the same size), which nothing else uses until the received pieces are unpacked into it.
+  bool pack_in_target = false;
+  std::vector<std::size_t> send_at, recv_at;  // exact: where the pieces are packed and staged
+};
+
+// With `in_place`, the target is the block itself (an even step): the pieces are packed out of
+// it first, and received into it.
+inline AllToAllWay all_to_all_way(const StepContext& c, LinkAbilities a, bool in_place = false) {
+  const int k = c.step.mesh_dim;
+  const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
+  const auto g = static_cast<std::size_t>(c.plan.src().mesh().size(k));
+  AllToAllWay w;
+  if (c.even || c.step.padded) {
+    w.piece = padded_shape(c, c.have.shape, i, c.want.shape[i]);
+    w.piece = padded_shape(c, w.piece, j_dim, c.have.shape[j_dim]);
+    w.piece_bytes = bytes_of(Box{Shape(w.piece.size(), 0), w.piece}, c.elem);
+    // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
+    // (receive). Where they are not, a link that moves strided pieces takes them from the
+    // block as they lie and puts them in the target where they go; otherwise they are packed
+    // and unpacked.
+    w.direct_send = c.even && !in_place && slabs_along(c.have.shape, j_dim);
+    w.strided_send = a.strided_all_to_all && c.even && !in_place && !w.direct_send;
+    w.direct_recv = c.even && slabs_along(c.want.shape, i);
+    w.strided_recv = a.strided_all_to_all && c.even && !w.direct_recv;
+    const bool packed = !w.direct_send && !w.strided_send,
+               staged = !w.direct_recv && !w.strided_recv;
+    w.pack_in_target = c.even && !in_place && packed && staged;
+    w.send = packed && !w.pack_in_target ? w.piece_bytes * g : 0;
+    w.send_zeroed = !c.even;
+    w.recv = staged ? w.piece_bytes * g : 0;
+    w.use_spare(c.spare_bytes);
+    return w;
+  }
+  // Exact: what each member sends packed at its offset, what it receives staged at another;
+  // sent from the block as it lies where the pieces are slabs of it, received into the target
+  // where they are slabs of that.
+  w.direct_send = slabs_along(c.have.shape, j_dim);
+  w.direct_recv = slabs_along(c.want.shape, i);
+  w.send_at =
+      packed_offsets(c, [&](int j) { return intersect(c.have, member_box(c, c.after, j)); });
+  w.recv_at =
+      packed_offsets(c, [&](int j) { return intersect(member_box(c, c.before, j), c.want); });
+  w.send = w.direct_send ? 0 : w.send_at.back();
+  w.recv = w.direct_recv ? 0 : w.recv_at.back();
+  w.use_spare(c.spare_bytes);
+  return w;
 }
 
 template <class L, class Ops>
@@ -269,63 +432,40 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
   const int k = c.step.mesh_dim;
   const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const bool even = c.even;
+  const AllToAllWay w = all_to_all_way(c, abilities_of<L>, cur == out);
   const Shape origin(c.have.shape.size(), 0);
-  if (even || c.step.padded) {
-    Shape piece = c.have.shape;
-    piece = padded_shape(c, piece, i, c.want.shape[i]);
-    piece = padded_shape(c, piece, j_dim, c.have.shape[j_dim]);
-    const std::size_t piece_bytes = bytes_of(Box{origin, piece}, c.elem);
-    // Zero-copy where the pieces are slabs: of the block along j (send), of the target along i
-    // (receive). Where they are not, a backend that moves strided pieces (StridedAllToAll)
-    // takes them from the block as they lie and puts them in the target where they go;
-    // otherwise they are packed and unpacked.
-    const bool direct_send = even && slabs_along(c.have.shape, j_dim);
-    const bool strided_send = StridedLink<L> && even && !direct_send;
-    const bool direct_recv = even && slabs_along(c.want.shape, i);
-    const bool strided_recv = StridedLink<L> && even && !direct_recv;
-    auto send = ops.allocate(
-        direct_send || strided_send ? 0 : piece_bytes * static_cast<std::size_t>(g), !even);
-    auto recv =
-        ops.allocate(direct_recv || strided_recv ? 0 : piece_bytes * static_cast<std::size_t>(g));
-    if (even && !direct_send && !strided_send)
-      ops.pack_pieces(cur, c.have.shape, j_dim, g, send.data(), c.elem);
-    for (int j = 0; j < g && !even; ++j) {
+  if (c.even || c.step.padded) {
+    const StagingBuffers b(ops, w, c.spare);
+    std::byte* const packed = w.pack_in_target ? out : b.send;
+    if (c.even && !w.direct_send && !w.strided_send)
+      ops.pack_pieces(cur, c.have.shape, j_dim, g, packed, c.elem);
+    for (int j = 0; j < g && !c.even; ++j) {
       const Box part = intersect(c.have, member_box(c, c.after, j));
       ops.copy_box(cur, c.have.shape, relative(part, c.have),
-                   send.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin,
+                   b.send + static_cast<std::size_t>(j) * w.piece_bytes, w.piece, origin,
                    part.shape, c.elem);
     }
-    std::byte* const to = direct_recv || strided_recv ? out : recv.data();
+    std::byte* const to = w.direct_recv || w.strided_recv ? out : b.recv;
     if constexpr (StridedLink<L>) {
-      const StridedPieces contiguous{1, piece_bytes, piece_bytes * static_cast<std::size_t>(g)};
-      if (strided_send || strided_recv)
+      const StridedPieces contiguous{1, w.piece_bytes, w.piece_bytes * static_cast<std::size_t>(g)};
+      if (w.strided_send || w.strided_recv)
         co_await link.all_to_all_strided(
-            k, cur, to, strided_send ? pieces_along(c.have.shape, j_dim, g, c.elem) : contiguous,
-            strided_recv ? pieces_along(c.want.shape, i, g, c.elem) : contiguous);
+            k, w.direct_send || w.strided_send ? cur : packed, to,
+            w.strided_send ? pieces_along(c.have.shape, j_dim, g, c.elem) : contiguous,
+            w.strided_recv ? pieces_along(c.want.shape, i, g, c.elem) : contiguous);
     }
-    if (!strided_send && !strided_recv)
-      co_await link.all_to_all(k, direct_send ? cur : send.data(), to, piece_bytes);
-    if (even && !direct_recv && !strided_recv)
-      ops.unpack_pieces(recv.data(), out, c.want.shape, i, g, c.elem);
-    for (int j = 0; j < g && !even; ++j) {
+    if (!w.strided_send && !w.strided_recv)
+      co_await link.all_to_all(k, w.direct_send ? cur : packed, to, w.piece_bytes);
+    if (c.even && !w.direct_recv && !w.strided_recv)
+      ops.unpack_pieces(b.recv, out, c.want.shape, i, g, c.elem);
+    for (int j = 0; j < g && !c.even; ++j) {
       const Box part = intersect(member_box(c, c.before, j), c.want);
-      ops.copy_box(recv.data() + static_cast<std::size_t>(j) * piece_bytes, piece, origin, out,
+      ops.copy_box(b.recv + static_cast<std::size_t>(j) * w.piece_bytes, w.piece, origin, out,
                    c.want.shape, relative(part, c.want), part.shape, c.elem);
     }
-    co_return send.size() + recv.size();
+    co_return b.allocated();
   }
-  // Exact: what each member sends packed at its offset, what it receives staged at another;
-  // sent from the block as it lies where the pieces are slabs of it, received into the target
-  // where they are slabs of that (and it is not the block too).
-  const bool direct_send = slabs_along(c.have.shape, j_dim);
-  const bool direct_recv = slabs_along(c.want.shape, i) && cur != out;
-  const std::vector<std::size_t> send_at =
-      packed_offsets(c, [&](int j) { return intersect(c.have, member_box(c, c.after, j)); });
-  const std::vector<std::size_t> recv_at =
-      packed_offsets(c, [&](int j) { return intersect(member_box(c, c.before, j), c.want); });
-  auto packed = ops.allocate(direct_send ? 0 : send_at.back());
-  auto staging = ops.allocate(direct_recv ? 0 : recv_at.back());
+  const StagingBuffers b(ops, w, c.spare);
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   for (int j = 0; j < g; ++j) {
@@ -335,29 +475,29 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
       copy_piece(ops, cur, c.have, out, c.want, to_j, c.elem);
       continue;
     }
-    if (send_at[u + 1] > send_at[u]) {
-      const std::byte* piece = cur + (direct_send ? slab_offset(to_j, c.have, c.elem) : 0);
-      if (!direct_send) {
-        piece = packed.data() + send_at[u];
-        copy_piece(ops, cur, c.have, packed.data() + send_at[u], to_j, to_j, c.elem);
+    if (w.send_at[u + 1] > w.send_at[u]) {
+      const std::byte* piece = cur + (w.direct_send ? slab_offset(to_j, c.have, c.elem) : 0);
+      if (!w.direct_send) {
+        piece = b.send + w.send_at[u];
+        copy_piece(ops, cur, c.have, b.send + w.send_at[u], to_j, to_j, c.elem);
       }
-      sends.push_back({global_rank(c, j), piece, send_at[u + 1] - send_at[u]});
+      sends.push_back({global_rank(c, j), piece, w.send_at[u + 1] - w.send_at[u]});
     }
-    if (recv_at[u + 1] > recv_at[u]) {
+    if (w.recv_at[u + 1] > w.recv_at[u]) {
       const Box from_j = intersect(member_box(c, c.before, j), c.want);
       std::byte* to =
-          direct_recv ? out + slab_offset(from_j, c.want, c.elem) : staging.data() + recv_at[u];
-      recvs.push_back({global_rank(c, j), to, recv_at[u + 1] - recv_at[u]});
+          w.direct_recv ? out + slab_offset(from_j, c.want, c.elem) : b.recv + w.recv_at[u];
+      recvs.push_back({global_rank(c, j), to, w.recv_at[u + 1] - w.recv_at[u]});
     }
   }
   co_await link.exchange(sends, recvs);
-  for (int j = 0; j < g && !direct_recv; ++j) {
+  for (int j = 0; j < g && !w.direct_recv; ++j) {
     if (j == me) continue;
     const Box from_j = intersect(member_box(c, c.before, j), c.want);
-    copy_piece(ops, staging.data() + recv_at[static_cast<std::size_t>(j)], from_j, out, c.want,
-               from_j, c.elem);
+    copy_piece(ops, b.recv + w.recv_at[static_cast<std::size_t>(j)], from_j, out, c.want, from_j,
+               c.elem);
   }
-  co_return packed.size() + staging.size();
+  co_return b.allocated();
 }
 
 // An all-reduce as one point-to-point round (a step of a batch's round whose steps differ): every
@@ -370,50 +510,123 @@ Task<std::size_t> run_all_reduce_exact(L link, const Ops& ops, const StepContext
                                          [&c](int /*member*/) { return c.have; });
 }
 
-template <class L, class Ops>
-Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
-                               std::byte* out) {
-  const Layout& base = c.plan.src();
-  const DeviceMesh& mesh = base.mesh();
-  // Pieces to other ranks packed one after another, pieces from them staged the same way.
+// Whether `piece`, a box inside the row-major block `block`, is one contiguous run of it: every
+// dim after its first of extent above 1 is whole.
+inline bool contiguous_in(const Box& piece, const Box& block) {
+  std::size_t d = 0;
+  while (d < piece.shape.size() && piece.shape[d] == 1) ++d;
+  for (std::size_t e = d + 1; e < piece.shape.size(); ++e)
+    if (piece.shape[e] != block.shape[e]) return false;
+  return true;
+}
+
+// How an exchange moves its pieces on this rank: the pieces to and from other ranks, each sent
+// from the block or received into the target where it is one contiguous run there, and packed
+// or staged one after another otherwise; this rank's own pieces are copied.
+struct ExchangeWay : Staging {
   struct Piece {
     int peer = 0;
     Box box;
-    std::size_t at = 0;
+    std::size_t at = 0;     // offset in the packing or staging buffer
+    bool in_place = false;  // a contiguous run of the block (sent) or the target (received)
   };
   std::vector<Piece> outgoing, incoming;
-  std::size_t send_bytes = 0, recv_bytes = 0;
+  std::vector<Box> own;
+};
+
+inline ExchangeWay exchange_way(const StepContext& c) {
+  const Layout& base = c.plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  ExchangeWay w;
   for_each_exchange_target(base, c.step.before, c.step.after, c.me,
                            [&](const MeshCoord& receiver, const Box& piece) {
                              if (receiver == c.me) return;
-                             outgoing.push_back({mesh.rank(receiver), piece, send_bytes});
-                             send_bytes += bytes_of(piece, c.elem);
+                             const bool run = contiguous_in(piece, c.have);
+                             w.outgoing.push_back({mesh.rank(receiver), piece, w.send, run});
+                             if (!run) w.send += bytes_of(piece, c.elem);
                            });
   for_each_exchange_source(base, c.step.before, c.step.after, c.me,
                            [&](const MeshCoord& source, const Box& piece) {
                              if (source == c.me) {
-                               copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
+                               w.own.push_back(piece);
                                return;
                              }
-                             incoming.push_back({mesh.rank(source), piece, recv_bytes});
-                             recv_bytes += bytes_of(piece, c.elem);
+                             const bool run = contiguous_in(piece, c.want);
+                             w.incoming.push_back({mesh.rank(source), piece, w.recv, run});
+                             if (!run) w.recv += bytes_of(piece, c.elem);
                            });
-  auto packed = ops.allocate(send_bytes);
-  auto staging = ops.allocate(recv_bytes);
+  w.use_spare(c.spare_bytes);
+  return w;
+}
+
+template <class L, class Ops>
+Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
+                               std::byte* out) {
+  const ExchangeWay w = exchange_way(c);
+  for (const Box& piece : w.own) copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
+  const StagingBuffers b(ops, w, c.spare);
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
-  sends.reserve(outgoing.size());
-  recvs.reserve(incoming.size());
-  for (const Piece& p : outgoing) {
-    copy_piece(ops, cur, c.have, packed.data() + p.at, p.box, p.box, c.elem);
-    sends.push_back({p.peer, packed.data() + p.at, bytes_of(p.box, c.elem)});
+  sends.reserve(w.outgoing.size());
+  recvs.reserve(w.incoming.size());
+  for (const ExchangeWay::Piece& p : w.outgoing) {
+    const std::byte* from = cur + slab_offset(p.box, c.have, c.elem);
+    if (!p.in_place) {
+      copy_piece(ops, cur, c.have, b.send + p.at, p.box, p.box, c.elem);
+      from = b.send + p.at;
+    }
+    sends.push_back({p.peer, from, bytes_of(p.box, c.elem)});
   }
-  for (const Piece& p : incoming)
-    recvs.push_back({p.peer, staging.data() + p.at, bytes_of(p.box, c.elem)});
+  for (const ExchangeWay::Piece& p : w.incoming)
+    recvs.push_back({p.peer, p.in_place ? out + slab_offset(p.box, c.want, c.elem) : b.recv + p.at,
+                     bytes_of(p.box, c.elem)});
   co_await link.exchange(sends, recvs);
-  for (const Piece& p : incoming)
-    copy_piece(ops, staging.data() + p.at, p.box, out, c.want, p.box, c.elem);
-  co_return packed.size() + staging.size();
+  for (const ExchangeWay::Piece& p : w.incoming)
+    if (!p.in_place) copy_piece(ops, b.recv + p.at, p.box, out, c.want, p.box, c.elem);
+  co_return b.allocated();
+}
+
+// Whether step c can run with its target in the buffer of its block (in place): a step that
+// keeps the block (identity, scale), an all-reduce the backend runs in place, or an even
+// all-to-all that packs its pieces out first.
+inline bool runs_in_place(const StepContext& c) {
+  switch (c.step.kind) {
+    case StepKind::identity:
+    case StepKind::scale: return true;
+    case StepKind::all_reduce: return !c.messages;
+    case StepKind::all_to_all: return c.even;
+    default: return false;
+  }
+}
+
+// Bytes of staging step c takes on its rank over a link with abilities `a` (what its run_*
+// allocates), `in_place` or not (runs_in_place).
+inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_place = false) {
+  switch (c.step.kind) {
+    case StepKind::all_gather: {
+      return gather_way(c, a).allocated();
+    }
+    case StepKind::reduce_scatter: {
+      if (c.even || c.step.padded) {
+        return scatter_way(c).allocated();
+      }
+      const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
+      return exchange_reduce_way(c, slabs_along(c.have.shape, j_dim),
+                                 [&c](int j) { return member_box(c, c.after, j); })
+          .allocated();
+    }
+    case StepKind::all_reduce: {
+      if (!c.messages) return 0;
+      return exchange_reduce_way(c, true, [&c](int) { return c.have; }).allocated();
+    }
+    case StepKind::all_to_all: {
+      return all_to_all_way(c, a, in_place).allocated();
+    }
+    case StepKind::exchange: {
+      return exchange_way(c).allocated();
+    }
+    default: return 0;
+  }
 }
 
 // R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
@@ -449,6 +662,87 @@ void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, st
     ops.multiply(dtype, out, count, c.plan.src().mesh().size(c.step.mesh_dim));
 }
 
+// The context of step i of `plan` on the rank at `me`; with `messages`, run as point-to-point
+// messages with exact pieces.
+inline StepContext step_context(const Plan& plan, std::size_t i, const MeshCoord& me,
+                                bool messages) {
+  Step step = plan[i];
+  if (messages) step.padded = false;
+  const Layout& base = plan.src();
+  const bool even = !messages && step_is_even(plan, step);
+  return {plan,
+          base.with_placements(step.before),
+          base.with_placements(step.after),
+          me,
+          base.local_box(step.before, me),
+          base.local_box(step.after, me),
+          static_cast<std::size_t>(base.elem_bytes()),
+          even,
+          messages,
+          step};
+}
+
+// Where run_plan keeps the blocks between the steps of a plan on one rank, and the scratch that
+// takes: the block after step i lives in the caller's target when bit i of `in_target` is set
+// (it fits there, and the step before and the step after either use another buffer or run in
+// place, runs_in_place), in scratch of its own size otherwise, allocated by the step that
+// writes it and freed after the step that reads it. A step that neither reads nor writes the
+// target may stage in it (StepContext::spare).
+struct BlockPlacement {
+  std::uint32_t in_target = 0;
+  // The most scratch held at once: the blocks in scratch around a step plus its staging.
+  std::int64_t peak = 0;
+};
+
+// The placement with the least peak (ties: more blocks in the target), by dynamic programming
+// over the steps with two states, the block after each step in scratch or in the target.
+inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
+                                   std::uint32_t point_to_point, LinkAbilities a) {
+  static_assert(max_plan_steps <= 32, "in_target has one bit per step");
+  const std::size_t n = plan.size();
+  const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
+  const std::size_t target = bytes_of(plan.dst().local_box(me), elem);
+  struct State {
+    std::int64_t peak = 0;
+    std::uint32_t in_target = 0;
+    bool reachable = false;
+  };
+  // states[s]: the best placement so far with the block before this step in scratch (0) or in
+  // the target (1); the source is read in place, as a scratch block of no bytes.
+  State states[2] = {{0, 0, true}, {}};
+  std::size_t before = 0;  // scratch bytes of the block before this step, if in scratch
+  for (std::size_t i = 0; i < n; ++i) {
+    const StepContext c = step_context(plan, i, me, (point_to_point >> i & 1u) != 0);
+    const std::size_t staging = step_staging(c, a);
+    const bool in_place = runs_in_place(c);
+    const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
+    StepContext spare = c;  // the target free during the step: its room is spare
+    spare.spare_bytes = target;
+    const std::size_t staging_spare = step_staging(spare, a);
+    const std::size_t block = bytes_of(c.want, elem);
+    const bool last = i + 1 == n;
+    State next[2] = {};
+    for (int t = 1; t >= 0; --t) {  // the block after step i: in the target (1) or scratch (0)
+      if (last ? t == 0 : t == 1 && block > target) continue;
+      for (int s = 0; s < 2; ++s) {
+        if (!states[s].reachable || (s == 1 && t == 1 && !in_place)) continue;
+        const std::size_t held = (s == 0 ? before : 0) + (t == 0 ? block : 0) +
+                                 (s == 1   ? t == 1 ? staging_in_place : staging
+                                  : t == 0 ? staging_spare
+                                           : staging);
+        const std::int64_t peak = std::max(states[s].peak, static_cast<std::int64_t>(held));
+        if (!next[t].reachable || peak < next[t].peak)
+          next[t] = {peak, states[s].in_target | (t == 1 && !last ? 1u << i : 0u), true};
+      }
+    }
+    states[0] = next[0];
+    states[1] = next[1];
+    before = block;
+  }
+  const State& best = states[1];
+  return {best.in_target, best.peak};
+}
+
 // Every step of `plan` on the rank at `me`: reads its source block from `src`, writes its
 // target block to `dst`, and records in `*scratch_peak` (when given) the most scratch memory it
 // held at once. The steps whose bit is set in `point_to_point` run as point-to-point messages
@@ -464,39 +758,34 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
     if (bytes && dst != src) ops.copy(dst, src, bytes);
     co_return;
   }
+  const std::uint32_t in_target =
+      plan.size() > 1 ? place_blocks(plan, me, point_to_point, abilities_of<L>).in_target : 0;
   const std::byte* cur = src;
-  // Blocks between steps, reused: each grows to the largest block it holds.
+  // The scratch blocks before and after the step that runs (place_blocks).
   using Buffer = std::remove_cvref_t<decltype(ops.allocate(0))>;
-  Buffer buffers[2];
+  Buffer before, after;
   for (std::size_t i = 0; i < plan.size(); ++i) {
-    const bool messages = (point_to_point >> i & 1u) != 0;
-    Step exact = plan[i];
-    exact.padded = false;
-    const Step& step = messages ? exact : plan[i];
-    const StepContext c{plan,
-                        step,
-                        plan.src().with_placements(step.before),
-                        plan.src().with_placements(step.after),
-                        me,
-                        plan.src().local_box(step.before, me),
-                        plan.src().local_box(step.after, me),
-                        elem,
-                        !messages && step_is_even(plan, step)};
+    StepContext c = step_context(plan, i, me, (point_to_point >> i & 1u) != 0);
+    // The target, unless this block goes to scratch; the step runs in place when its block is
+    // in the target too, and may stage in the target when neither is.
     std::byte* out = dst;
-    if (i + 1 < plan.size()) {
-      Buffer& next = buffers[i % 2];
-      if (next.size() < bytes_of(c.want, elem)) next = ops.allocate(bytes_of(c.want, elem));
-      out = next.data();
+    if (i + 1 < plan.size() && (in_target >> i & 1u) == 0) {
+      after = ops.allocate(bytes_of(c.want, elem));
+      out = after.data();
+      if (i == 0 || (in_target >> (i - 1) & 1u) == 0) {
+        c.spare = dst;
+        c.spare_bytes = bytes_of(plan.dst().local_box(me), elem);
+      }
     }
     std::size_t staged = 0;
-    switch (step.kind) {
+    switch (c.step.kind) {
       case StepKind::identity:
       case StepKind::chunk:
         // An identity step's group is one rank: its block is unchanged.
-        copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
+        if (cur != out) copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
         break;
       case StepKind::scale:
-        ops.copy(out, cur, bytes_of(c.want, elem));
+        if (cur != out) ops.copy(out, cur, bytes_of(c.want, elem));
         make_partial(ops, c, out);
         break;
       case StepKind::fill: fill_partial(ops, c, cur, out); break;
@@ -505,20 +794,23 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
         staged = co_await run_reduce_scatter(link, ops, c, cur, out);
         break;
       case StepKind::all_reduce:
-        if (messages) {
+        if (c.messages) {
           staged = co_await run_all_reduce_exact(link, ops, c, cur, out);
           break;
         }
-        co_await link.all_reduce(step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
-                                 plan.src().dtype(), step.before[step.mesh_dim].reduce_op());
+        co_await link.all_reduce(c.step.mesh_dim, cur, out,
+                                 static_cast<std::size_t>(c.have.numel()), plan.src().dtype(),
+                                 c.step.before[c.step.mesh_dim].reduce_op());
         break;
       case StepKind::all_to_all: staged = co_await run_all_to_all(link, ops, c, cur, out); break;
       case StepKind::exchange: staged = co_await run_exchange(link, ops, c, cur, out); break;
     }
     if (scratch_peak != nullptr) {
-      const auto held = static_cast<std::int64_t>(buffers[0].size() + buffers[1].size() + staged);
+      const auto held = static_cast<std::int64_t>(before.size() + after.size() + staged);
       *scratch_peak = std::max(*scratch_peak, held);
     }
+    before = std::move(after);
+    after = Buffer{};
     cur = out;
   }
 }
