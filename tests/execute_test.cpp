@@ -523,6 +523,44 @@ TEST_CASE("pieces sent and received strided, without packing", "[execute][stride
     }
 }
 
+TEST_CASE("local steps in a row run as one pass over the last block", "[execute][memory]") {
+  // Fill then chunk, scale then chunk, chunk then fill, chunks: one pass from the block before
+  // them to the block after (no block between), under both ways of making a Partial from
+  // Replicate, in every kind of dtype; values against the global view.
+  struct Case {
+    std::string_view mesh, from, to;
+  };
+  const Case cases[] = {{"2x2", "R,S(0)", "S(0),P(sum)"},    {"2x2", "S(0),R", "P(sum),S(1)"},
+                        {"2x2", "R,R", "P(sum),S(0)"},       {"2x2", "R,R", "S(1),P(sum)"},
+                        {"2x4", "R,R", "S(0),S(1)"},         {"2x4", "R,S(1)", "P(max),S(0)"},
+                        {"2x2x2", "R,R,R", "P(sum),S(0),P"}, {"2x2x2", "R,R,R", "S(1),P(avg),S(0)"},
+                        {"2x2", "R,R", "P(max),P(max)"},     {"2x2", "R,S(0)", "P(avg),P(avg)"}};
+  int fused = 0;
+  for (const Case& c : cases)
+    for (PartialFromReplicate how : {PartialFromReplicate::divide, PartialFromReplicate::keep_one})
+      for (DType dtype : {DType::f32, DType::i64, DType::bf16})
+        for (const Shape& shape : {Shape{8, 12}, Shape{5, 7}}) {
+          if (!is_floating(dtype) && (c.to.find("avg") != std::string_view::npos)) continue;
+          const DeviceMesh mesh = parse_mesh(c.mesh);
+          PlanOptions options;
+          options.partial_from_replicate = how;
+          const Plan plan =
+              plan_redistribute(Layout(mesh, parse_placements(c.from), shape, dtype),
+                                Layout(mesh, parse_placements(c.to), shape, dtype), options);
+          INFO(fmt::format("{}: {} -> {} {} {}", c.mesh, c.from, c.to, shape, dtype));
+          INFO(explain(plan));
+          detail::Stage stages[max_plan_steps];
+          const std::size_t n = detail::stages_of(plan, stages);
+          if (n < plan.size()) ++fused;
+          const Verification v = verify_on_simulator(plan);
+          CHECK(v.verified);
+          CHECK(v.difference == "");
+          // Nothing moves, so nothing is held: the one pass writes the target.
+          if (n == 1 && plan.size() > 1) CHECK(workspace_bytes(plan) == 0);
+        }
+  CHECK(fused > 0);
+}
+
 TEST_CASE("host staging: large blocks are reused, small ones and misfits are not",
           "[execute][staging]") {
   detail::HostBlockCache cache;

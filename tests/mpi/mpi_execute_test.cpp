@@ -32,11 +32,20 @@ std::string run(const Layout& src, const Layout& dst, MpiBackend& backend,
   const std::vector<T> in = global_view_block<T>(src, rank);
   std::vector<T> out(static_cast<std::size_t>(dst.local_numel(rank)));
   std::string problem;
+  ExecuteStats held;
   try {
-    execute(plan, backend, std::span<const T>(in), std::span<T>(out), stats);
+    execute(plan, backend, std::span<const T>(in), std::span<T>(out), &held);
   } catch (const std::exception& e) {
     problem = fmt::format("rank {} threw: {}", rank, e.what());
   }
+  if (stats != nullptr) *stats = held;
+  // Exactly the scratch the executor plans for this rank on MPI (blocks in the target, steps
+  // in place, strided pieces).
+  const std::int64_t planned = detail::rank_workspace_bytes(
+      plan, mesh.coordinate(rank), 0, detail::abilities_of<detail::Link<MpiBackend>>);
+  if (problem.empty() && held.scratch_peak_bytes != planned)
+    problem = fmt::format("rank {} held {} scratch bytes, planned {}", rank,
+                          held.scratch_peak_bytes, planned);
   // Gather every rank's result on rank 0, in mesh order.
   const int mine = static_cast<int>(out.size() * sizeof(T));
   std::vector<int> sizes(static_cast<std::size_t>(mesh.size())), offsets(sizes.size());
@@ -89,6 +98,9 @@ int main(int argc, char** argv) {
                         {"2x4", "P,S(1)", "R,S(0)"},
                         {"2x4", "S(0),S(1)", "S(1),S(0)"},
                         {"2x4", "R,P(avg)", "S(1),R"},
+                        {"2x4", "P,P", "S(0),R"},  // the all-reduce in place in the target
+                        {"2x4", "P(max),P", "S(1),R"},
+                        {"2x4", "S(0),R", "S(1),S(0)"},
                         {"2x2x2", "S(0),S(1),R", "R,S(0),S(1)"},
                         {"2x2x2", "P,S(0),R", "R,R,S(0)"},
                         {"2x2x2", "P(max),S(1),P", "S(0),R,S(1)"}};

@@ -629,6 +629,16 @@ inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_p
   }
 }
 
+// Whether R -> P(op) keeps the value on the group's first member and gives the others op's
+// identity (product; sum by PlanOptions, and always for integers) rather than dividing it by the
+// group's size (sum) or leaving it as it is (avg, max, min).
+inline bool scale_keeps_one(const Plan& plan, ReduceOp op) {
+  return op == ReduceOp::product ||
+         (op == ReduceOp::sum &&
+          (plan.options().partial_from_replicate == PartialFromReplicate::keep_one ||
+           !is_floating(plan.src().dtype())));
+}
+
 // R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
 template <class Ops>
 void make_partial(const Ops& ops, const StepContext& c, std::byte* out) {
@@ -637,11 +647,7 @@ void make_partial(const Ops& ops, const StepContext& c, std::byte* out) {
   const int g = c.plan.src().mesh().size(k);
   const DType dtype = c.plan.src().dtype();
   const auto count = static_cast<std::size_t>(c.want.numel());
-  const bool keep_one =
-      op == ReduceOp::product || (op == ReduceOp::sum && (c.plan.options().partial_from_replicate ==
-                                                              PartialFromReplicate::keep_one ||
-                                                          !is_floating(dtype)));
-  if (keep_one) {
+  if (scale_keeps_one(c.plan, op)) {
     if (c.me[k] != 0) ops.fill_identity(dtype, out, count, op);
   } else if (op == ReduceOp::sum) {
     ops.divide(dtype, out, count, g);
@@ -660,6 +666,100 @@ void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, st
   // The rest of the block is 0, so scaling all of it scales just the piece.
   if (op == ReduceOp::avg)
     ops.multiply(dtype, out, count, c.plan.src().mesh().size(c.step.mesh_dim));
+}
+
+// Steps that move nothing between ranks: each rank rewrites its own block.
+constexpr bool is_local(StepKind k) {
+  return k == StepKind::identity || k == StepKind::chunk || k == StepKind::fill ||
+         k == StepKind::scale;
+}
+
+// Ops whose identities are the same value: 0 (sum, avg), lowest (max), highest (min), 1.
+constexpr int identity_class(ReduceOp op) {
+  return op == ReduceOp::avg ? static_cast<int>(ReduceOp::sum) : static_cast<int>(op);
+}
+
+// Whether the local steps first..last of `plan` run as one pass over the last block
+// (run_local_steps): every identity they place (fill, a scale that keeps one) is the same value,
+// and that value is 0 where they also divide or multiply (a scale that divides, a fill of avg).
+inline bool local_steps_fuse(const Plan& plan, std::size_t first, std::size_t last) {
+  int identity = -1;
+  bool scales_values = false;
+  for (std::size_t i = first; i <= last; ++i) {
+    const Step& s = plan[i];
+    if (!is_local(s.kind)) return false;
+    if (s.kind != StepKind::fill && s.kind != StepKind::scale) continue;
+    const ReduceOp op = s.after[s.mesh_dim].reduce_op();
+    const bool places = s.kind == StepKind::fill || scale_keeps_one(plan, op);
+    scales_values = scales_values || (s.kind == StepKind::fill && op == ReduceOp::avg) ||
+                    (s.kind == StepKind::scale && !places && op == ReduceOp::sum);
+    if (!places) continue;
+    if (identity >= 0 && identity != identity_class(op)) return false;
+    identity = identity_class(op);
+  }
+  return !scales_values || identity < 0 || identity == identity_class(ReduceOp::sum);
+}
+
+// Local steps first..last (local_steps_fuse) in one pass, from the block before the first to the
+// block after the last: an element keeps its value where it lies in every block between, and
+// is the identity a later fill gave it elsewhere (or everywhere, where a scale keeps the value
+// on another member); then the scales' divisions and avg fills' multiplications, in order.
+template <class Ops>
+void run_local_steps(const Ops& ops, const Plan& plan, std::size_t first, std::size_t last,
+                     const MeshCoord& me, const std::byte* cur, std::byte* out) {
+  const Layout& base = plan.src();
+  const DType dtype = base.dtype();
+  const auto elem = static_cast<std::size_t>(base.elem_bytes());
+  const Box have = base.local_box(plan[first].before, me);
+  const Box want = base.local_box(plan[last].after, me);
+  const auto count = static_cast<std::size_t>(want.numel());
+  Box kept = intersect(have, want);
+  bool fills = false, cleared = false;
+  ReduceOp identity = ReduceOp::sum;
+  for (std::size_t i = first; i <= last; ++i) {
+    const Step& s = plan[i];
+    kept = intersect(kept, base.local_box(s.after, me));
+    if (s.kind != StepKind::fill && s.kind != StepKind::scale) continue;
+    const ReduceOp op = s.after[s.mesh_dim].reduce_op();
+    if (s.kind == StepKind::fill) {
+      fills = true;
+      identity = op;
+    } else if (scale_keeps_one(plan, op) && me[s.mesh_dim] != 0) {
+      cleared = true;
+      identity = op;
+    }
+  }
+  if (cleared || (fills && kept.numel() < want.numel()))
+    ops.fill_identity(dtype, out, count, identity);
+  if (cleared) return;  // every division or multiplication keeps the identity, 0
+  if (!kept.empty()) copy_piece(ops, cur, have, out, want, kept, elem);
+  for (std::size_t i = first; i <= last; ++i) {
+    const Step& s = plan[i];
+    const int g = base.mesh().size(s.mesh_dim);
+    if (s.kind != StepKind::fill && s.kind != StepKind::scale) continue;
+    const ReduceOp op = s.after[s.mesh_dim].reduce_op();
+    if (s.kind == StepKind::fill && op == ReduceOp::avg) ops.multiply(dtype, out, count, g);
+    if (s.kind == StepKind::scale && op == ReduceOp::sum && !scale_keeps_one(plan, op))
+      ops.divide(dtype, out, count, g);
+  }
+}
+
+// The steps run_plan runs as one: a single step, or local steps fused (local_steps_fuse).
+struct Stage {
+  std::size_t first = 0, last = 0;
+};
+
+// The stages of `plan`, in order, into `stages` (max_plan_steps of room); how many.
+inline std::size_t stages_of(const Plan& plan, Stage* stages) {
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    std::size_t last = i;
+    while (is_local(plan[i].kind) && last + 1 < plan.size() && local_steps_fuse(plan, i, last + 1))
+      ++last;
+    stages[n++] = {i, last};
+    i = last;
+  }
+  return n;
 }
 
 // The context of step i of `plan` on the rank at `me`; with `messages`, run as point-to-point
@@ -699,7 +799,8 @@ struct BlockPlacement {
 inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
                                    std::uint32_t point_to_point, LinkAbilities a) {
   static_assert(max_plan_steps <= 32, "in_target has one bit per step");
-  const std::size_t n = plan.size();
+  Stage stages[max_plan_steps];
+  const std::size_t n = stages_of(plan, stages);
   const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
   const std::size_t target = bytes_of(plan.dst().local_box(me), elem);
   struct State {
@@ -707,22 +808,23 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     std::uint32_t in_target = 0;
     bool reachable = false;
   };
-  // states[s]: the best placement so far with the block before this step in scratch (0) or in
+  // states[s]: the best placement so far with the block before this stage in scratch (0) or in
   // the target (1); the source is read in place, as a scratch block of no bytes.
   State states[2] = {{0, 0, true}, {}};
-  std::size_t before = 0;  // scratch bytes of the block before this step, if in scratch
+  std::size_t before = 0;  // scratch bytes of the block before this stage, if in scratch
   for (std::size_t i = 0; i < n; ++i) {
-    const StepContext c = step_context(plan, i, me, (point_to_point >> i & 1u) != 0);
-    const std::size_t staging = step_staging(c, a);
-    const bool in_place = runs_in_place(c);
+    const Stage& stage = stages[i];
+    StepContext c = step_context(plan, stage.last, me, (point_to_point >> stage.last & 1u) != 0);
+    const bool fused = stage.first != stage.last;  // no staging, not in place
+    const std::size_t staging = fused ? 0 : step_staging(c, a);
+    const bool in_place = !fused && runs_in_place(c);
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
-    StepContext spare = c;  // the target free during the step: its room is spare
-    spare.spare_bytes = target;
-    const std::size_t staging_spare = step_staging(spare, a);
+    c.spare_bytes = target;  // the target free during the stage: its room is spare
+    const std::size_t staging_spare = fused ? 0 : step_staging(c, a);
     const std::size_t block = bytes_of(c.want, elem);
     const bool last = i + 1 == n;
     State next[2] = {};
-    for (int t = 1; t >= 0; --t) {  // the block after step i: in the target (1) or scratch (0)
+    for (int t = 1; t >= 0; --t) {  // the block after the stage: in the target (1) or scratch (0)
       if (last ? t == 0 : t == 1 && block > target) continue;
       for (int s = 0; s < 2; ++s) {
         if (!states[s].reachable || (s == 1 && t == 1 && !in_place)) continue;
@@ -732,7 +834,7 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
                                            : staging);
         const std::int64_t peak = std::max(states[s].peak, static_cast<std::int64_t>(held));
         if (!next[t].reachable || peak < next[t].peak)
-          next[t] = {peak, states[s].in_target | (t == 1 && !last ? 1u << i : 0u), true};
+          next[t] = {peak, states[s].in_target | (t == 1 && !last ? 1u << stage.last : 0u), true};
       }
     }
     states[0] = next[0];
@@ -758,53 +860,59 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
     if (bytes && dst != src) ops.copy(dst, src, bytes);
     co_return;
   }
+  Stage stages[max_plan_steps];
+  const std::size_t n = stages_of(plan, stages);
   const std::uint32_t in_target =
-      plan.size() > 1 ? place_blocks(plan, me, point_to_point, abilities_of<L>).in_target : 0;
+      n > 1 ? place_blocks(plan, me, point_to_point, abilities_of<L>).in_target : 0;
   const std::byte* cur = src;
-  // The scratch blocks before and after the step that runs (place_blocks).
+  // The scratch blocks before and after the stage that runs (place_blocks).
   using Buffer = std::remove_cvref_t<decltype(ops.allocate(0))>;
   Buffer before, after;
-  for (std::size_t i = 0; i < plan.size(); ++i) {
+  for (std::size_t stage = 0; stage < n; ++stage) {
+    const std::size_t first = stages[stage].first, i = stages[stage].last;
     StepContext c = step_context(plan, i, me, (point_to_point >> i & 1u) != 0);
     // The target, unless this block goes to scratch; the step runs in place when its block is
     // in the target too, and may stage in the target when neither is.
     std::byte* out = dst;
-    if (i + 1 < plan.size() && (in_target >> i & 1u) == 0) {
+    if (stage + 1 < n && (in_target >> i & 1u) == 0) {
       after = ops.allocate(bytes_of(c.want, elem));
       out = after.data();
-      if (i == 0 || (in_target >> (i - 1) & 1u) == 0) {
+      if (stage == 0 || (in_target >> stages[stage - 1].last & 1u) == 0) {
         c.spare = dst;
         c.spare_bytes = bytes_of(plan.dst().local_box(me), elem);
       }
     }
     std::size_t staged = 0;
-    switch (c.step.kind) {
-      case StepKind::identity:
-      case StepKind::chunk:
-        // An identity step's group is one rank: its block is unchanged.
-        if (cur != out) copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
-        break;
-      case StepKind::scale:
-        if (cur != out) ops.copy(out, cur, bytes_of(c.want, elem));
-        make_partial(ops, c, out);
-        break;
-      case StepKind::fill: fill_partial(ops, c, cur, out); break;
-      case StepKind::all_gather: staged = co_await run_all_gather(link, ops, c, cur, out); break;
-      case StepKind::reduce_scatter:
-        staged = co_await run_reduce_scatter(link, ops, c, cur, out);
-        break;
-      case StepKind::all_reduce:
-        if (c.messages) {
-          staged = co_await run_all_reduce_exact(link, ops, c, cur, out);
+    if (first != i)  // fused local steps
+      run_local_steps(ops, plan, first, i, me, cur, out);
+    else
+      switch (c.step.kind) {
+        case StepKind::identity:
+        case StepKind::chunk:
+          // An identity step's group is one rank: its block is unchanged.
+          if (cur != out) copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
           break;
-        }
-        co_await link.all_reduce(c.step.mesh_dim, cur, out,
-                                 static_cast<std::size_t>(c.have.numel()), plan.src().dtype(),
-                                 c.step.before[c.step.mesh_dim].reduce_op());
-        break;
-      case StepKind::all_to_all: staged = co_await run_all_to_all(link, ops, c, cur, out); break;
-      case StepKind::exchange: staged = co_await run_exchange(link, ops, c, cur, out); break;
-    }
+        case StepKind::scale:
+          if (cur != out) ops.copy(out, cur, bytes_of(c.want, elem));
+          make_partial(ops, c, out);
+          break;
+        case StepKind::fill: fill_partial(ops, c, cur, out); break;
+        case StepKind::all_gather: staged = co_await run_all_gather(link, ops, c, cur, out); break;
+        case StepKind::reduce_scatter:
+          staged = co_await run_reduce_scatter(link, ops, c, cur, out);
+          break;
+        case StepKind::all_reduce:
+          if (c.messages) {
+            staged = co_await run_all_reduce_exact(link, ops, c, cur, out);
+            break;
+          }
+          co_await link.all_reduce(c.step.mesh_dim, cur, out,
+                                   static_cast<std::size_t>(c.have.numel()), plan.src().dtype(),
+                                   c.step.before[c.step.mesh_dim].reduce_op());
+          break;
+        case StepKind::all_to_all: staged = co_await run_all_to_all(link, ops, c, cur, out); break;
+        case StepKind::exchange: staged = co_await run_exchange(link, ops, c, cur, out); break;
+      }
     if (scratch_peak != nullptr) {
       const auto held = static_cast<std::int64_t>(before.size() + after.size() + staged);
       *scratch_peak = std::max(*scratch_peak, held);
