@@ -36,7 +36,8 @@ struct RecvMessage {
 // mesh dim (mesh().group(rank(), mesh_dim)), members in group-index order; every member calls
 // with the same sizes. Buffers hold `count` elements of `dtype` (or plain bytes for pure data
 // movement), contiguous, in the backend's memory space.
-//  - all_gather: recv holds the members' `bytes` each, in order.
+//  - all_gather: recv holds the members' `bytes` each, in order. send may be this member's
+//    place in recv, recv + index * bytes (in place: a batch packs its block there).
 //  - reduce_scatter: send holds one block of `count` elements per member, in order; recv gets
 //    this member's block reduced over the group (f16 and bf16 accumulate in float).
 //  - all_reduce: recv gets the reduction of send over the group; every member gets bit-identical

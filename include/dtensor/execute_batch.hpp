@@ -256,8 +256,10 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   };
   switch (first.kind) {
     case Kind::all_gather: {
-      std::byte* send = Packing::at_least(backend, buffers.send, total);
+      // In place: the packed block goes where this member's part of the result goes.
       std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
+      std::byte* send =
+          recv + static_cast<std::size_t>(backend.mesh().group(backend.rank(), k).index) * total;
       pack(send, 1);
       backend.all_gather(k, send, recv, total);
       unpack(recv, g);
@@ -279,12 +281,11 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
       unpack(recv, 1);
       return;
     }
-    case Kind::all_reduce: {
-      std::byte* send = Packing::at_least(backend, buffers.send, total);
-      std::byte* recv = Packing::at_least(backend, buffers.recv, total);
-      pack(send, 1);
-      backend.all_reduce(k, send, recv, total / elem, first.dtype, first.op);
-      unpack(recv, 1);
+    case Kind::all_reduce: {  // in place
+      std::byte* packed = Packing::at_least(backend, buffers.recv, total);
+      pack(packed, 1);
+      backend.all_reduce(k, packed, packed, total / elem, first.dtype, first.op);
+      unpack(packed, 1);
       return;
     }
     case Kind::exchange: break;
@@ -293,37 +294,72 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
 
 }  // namespace detail
 
+namespace detail {
+
+// What tensor t's step s adds to its collective round's packed block on the rank at `me`, as
+// run_round packs it: its piece per member (all-gather, reduce-scatter, all-to-all), or its
+// block (all-reduce).
+inline std::size_t round_part_bytes(const Plan& p, std::size_t s, const MeshCoord& me) {
+  const StepContext c = step_context(p, s, me, false);
+  switch (p[s].kind) {
+    case StepKind::all_gather: return gather_way(c, {}).piece_bytes;
+    case StepKind::reduce_scatter: return scatter_way(c).piece_bytes;
+    case StepKind::all_to_all: return all_to_all_way(c, {}).piece_bytes;
+    default: return bytes_of(c.have, c.elem);
+  }
+}
+
+}  // namespace detail
+
 // Bytes of scratch memory execute() holds at most on any rank for this batch: every tensor's
-// own (workspace_bytes of its plan; their steps interleave) plus the packing buffers of the
-// largest round (each tensor's part of a round packs at most what its step stages alone, an
-// all-reduce its block twice). An upper bound, like ExecuteStats' peak of a batched run.
+// own (as workspace_bytes of its plan; their steps interleave) plus the packing buffers, which
+// grow to the largest round's need on each side. A collective round packs its block once (an
+// all-gather and an all-reduce in place: the packed result only; a reduce-scatter or an
+// all-to-all both sides); a point-to-point round at most the bytes it sends and receives. Like
+// ExecuteStats' peak of a batched run, it adds the tensors' own peaks.
 template <std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
-  std::int64_t own = 0, packing = 0;
-  for (std::size_t t = 0; t < batch.size(); ++t)
-    own = detail::bytes_add(own, detail::workspace_bytes(batch[t], detail::messages_of(batch, t)));
-  if (batch.empty()) return own;
+  if (batch.empty()) return 0;
   const DeviceMesh& mesh = batch[0].src().mesh();
-  for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
-    if (batch.rounds()[r].tensors < 2) continue;  // one tensor's round packs nothing
-    for (int i = 0; i < mesh.size(); ++i) {
-      const MeshCoord me = mesh.coordinate(mesh.rank_at(i));
-      std::int64_t round = 0;
-      for (std::size_t t = 0; t < batch.size(); ++t) {
-        const Plan& p = batch[t];
-        for (std::size_t s = 0; s < p.size(); ++s) {
-          if (batch.round_of(t, s) != static_cast<int>(r)) continue;
-          const std::int64_t b =
-              p[s].kind == StepKind::all_reduce && !batch.point_to_point(t, s)
-                  ? 2 * p.src().local_box(p[s].before, me).numel() * p.src().elem_bytes()
-                  : detail::step_staging_bytes(p, s, me, batch.point_to_point(t, s));
-          round = detail::bytes_add(round, b);
+  std::int64_t most = 0;
+  for (int i = 0; i < mesh.size(); ++i) {
+    const int rank = mesh.rank_at(i);
+    const MeshCoord me = mesh.coordinate(rank);
+    std::int64_t own = 0, send = 0, recv = 0;
+    for (std::size_t t = 0; t < batch.size(); ++t)
+      own = detail::bytes_add(
+          own, detail::rank_workspace_bytes(batch[t], me, detail::messages_of(batch, t)));
+    for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
+      const BatchRound& round = batch.rounds()[r];
+      if (round.tensors < 2) continue;  // one tensor's round packs nothing
+      std::int64_t round_send = 0, round_recv = 0;
+      if (round.kind == StepKind::exchange) {
+        const RankBytes b = round_rank_bytes(batch, r, rank);
+        round_send = b.send;
+        round_recv = b.recv;
+      } else {
+        std::size_t total = 0;
+        for (std::size_t t = 0; t < batch.size(); ++t)
+          for (std::size_t s = 0; s < batch[t].size(); ++s)
+            if (batch.round_of(t, s) == static_cast<int>(r))
+              total += detail::round_part_bytes(batch[t], s, me);
+        const auto g = static_cast<std::size_t>(mesh.size(round.mesh_dim));
+        switch (round.kind) {
+          case StepKind::all_gather: round_recv = static_cast<std::int64_t>(g * total); break;
+          case StepKind::all_reduce: round_recv = static_cast<std::int64_t>(total); break;
+          case StepKind::reduce_scatter:
+            round_send = static_cast<std::int64_t>(g * total);
+            round_recv = static_cast<std::int64_t>(total);
+            break;
+          default: round_send = round_recv = static_cast<std::int64_t>(g * total); break;
         }
       }
-      packing = round > packing ? round : packing;
+      send = std::max(send, round_send);
+      recv = std::max(recv, round_recv);
     }
+    most = std::max(most, detail::bytes_add(own, detail::bytes_add(send, recv)));
   }
-  return detail::bytes_add(own, packing);
+  return most;
 }
 
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as

@@ -245,8 +245,10 @@ class MpiBackend {
   Request start_all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     Request r = begin("MPI_Iallgather");
     const int n = count_of(bytes, r.call_);
-    must(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
-                        &r.requests_.emplace_back()),
+    const auto index = static_cast<std::size_t>(mesh_.group(rank_, mesh_dim).index);
+    const bool in_place = send == static_cast<const std::byte*>(recv) + index * bytes;
+    must(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE,
+                        group(mesh_dim), &r.requests_.emplace_back()),
          r.call_);
     return r;
   }

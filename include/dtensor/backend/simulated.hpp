@@ -177,9 +177,11 @@ class BasicSimulatedBackend {
   void all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
     const MeshGroup g = mesh().group(rank_, mesh_dim);
     Meeting& m = enter(g, mesh_dim, send, recv, bytes);
-    for (int j = 0; j < g.size && bytes > 0; ++j)
-      local_ops().copy(static_cast<std::byte*>(recv) + j * bytes,
-                       m.send[static_cast<std::size_t>(j)], bytes);
+    for (int j = 0; j < g.size && bytes > 0; ++j) {
+      std::byte* to = static_cast<std::byte*>(recv) + j * bytes;
+      if (to != m.send[static_cast<std::size_t>(j)])  // in place: already there
+        local_ops().copy(to, m.send[static_cast<std::size_t>(j)], bytes);
+    }
     const auto moved = static_cast<std::int64_t>((g.size - 1) * bytes);
     leave(m, g, moved, moved);
   }
