@@ -46,6 +46,9 @@ struct ParkedOp {
   ReduceOp op = ReduceOp::sum;
   std::span<const SendMessage> sends;
   std::span<const RecvMessage> recvs;
+  // Where the pieces lie in send and go in recv (all-to-all, all-gather), when `strided`.
+  StridedPieces sent, received;
+  bool strided = false;
   std::coroutine_handle<> step;
   bool parked = false;
 };
@@ -82,6 +85,23 @@ struct BatchLink {
   }
   [[nodiscard]] Parking all_to_all(int k, const void* send, void* recv, std::size_t bytes) const {
     return park(ParkedOp::Kind::all_to_all, k, send, recv, bytes);
+  }
+  // The round packs and unpacks the pieces where they lie: the tensor stages nothing.
+  [[nodiscard]] Parking all_to_all_strided(int k, const void* send, void* recv, StridedPieces sent,
+                                           StridedPieces received) const {
+    Parking p = park(ParkedOp::Kind::all_to_all, k, send, recv, sent.piece_bytes());
+    p.op.sent = sent;
+    p.op.received = received;
+    p.op.strided = true;
+    return p;
+  }
+  [[nodiscard]] Parking all_gather_strided(int k, const void* send, void* recv,
+                                           StridedPieces pieces) const {
+    Parking p = park(ParkedOp::Kind::all_gather, k, send, recv, pieces.piece_bytes());
+    p.op.sent = {1, pieces.piece_bytes(), pieces.piece_bytes()};
+    p.op.received = pieces;
+    p.op.strided = true;
+    return p;
   }
   [[nodiscard]] Parking exchange(std::span<const SendMessage> sends,
                                  std::span<const RecvMessage> recvs) const {
@@ -131,6 +151,28 @@ std::uint32_t messages_of(const BatchPlan<N>& batch, std::size_t t) {
   return bits;
 }
 
+// Piece j of a buffer whose pieces lie as `pieces` say (rows runs of run_bytes, run r at
+// j * run_bytes + r * stride_bytes), as a block copy between it and a contiguous piece: the
+// block's shape, the piece's place in it and the piece's shape, in elements of `elem` bytes, the
+// widest that the layout and both addresses allow.
+struct StridedPieceBox {
+  Shape block, at, piece;
+  std::size_t elem = 1;
+};
+
+inline StridedPieceBox strided_piece_box(StridedPieces pieces, std::size_t j, const void* block,
+                                         const void* packed) {
+  std::size_t e = 8;
+  while (e > 1 && (pieces.run_bytes % e != 0 || pieces.stride_bytes % e != 0 ||
+                   reinterpret_cast<std::uintptr_t>(block) % e != 0 ||
+                   reinterpret_cast<std::uintptr_t>(packed) % e != 0))
+    e /= 2;
+  const auto rows = static_cast<std::int64_t>(pieces.rows);
+  return {Shape{rows, static_cast<std::int64_t>(pieces.stride_bytes / e)},
+          Shape{0, static_cast<std::int64_t>(j * pieces.run_bytes / e)},
+          Shape{rows, static_cast<std::int64_t>(pieces.run_bytes / e)}, e};
+}
+
 // Runs the parked operations `ops` of one round as one backend call, packing in `buffers`.
 template <class B>
 void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers) {
@@ -138,7 +180,22 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   using Packing = PackingBuffers<B>;
   const ParkedOp& first = *ops.front();
   using Kind = ParkedOp::Kind;
-  if (ops.size() == 1) {  // nothing to pack
+  if (ops.size() == 1 && first.strided) {
+    // One tensor's strided pieces: the backend moves them where they lie, if it can.
+    const ParkedOp& o = first;
+    if constexpr (StridedAllToAll<B>) {
+      if (o.kind == Kind::all_to_all) {
+        backend.all_to_all_strided(o.mesh_dim, o.send, o.recv, o.sent, o.received);
+        return;
+      }
+    }
+    if constexpr (StridedAllGather<B>) {
+      if (o.kind == Kind::all_gather) {
+        backend.all_gather_strided(o.mesh_dim, o.send, o.recv, o.received);
+        return;
+      }
+    }
+  } else if (ops.size() == 1) {  // nothing to pack
     const ParkedOp& o = first;
     switch (o.kind) {
       case Kind::all_gather: backend.all_gather(o.mesh_dim, o.send, o.recv, o.n); break;
@@ -238,21 +295,36 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   for (std::size_t t = 0; t < ops.size(); ++t)
     off[t] = std::exchange(total, total + ops[t]->n * elem);
   auto piece = [&](std::size_t t) { return ops[t]->n * elem; };
-  // Tensor t's piece for group member j sits at j * piece(t) in its own buffer and at
-  // j * total + off[t] in the packed one; `members` pieces per tensor (1 for a block).
+  // Tensor t's piece for group member j sits at j * piece(t) in its own buffer (or where its
+  // StridedPieces put it) and at j * total + off[t] in the packed one; `members` pieces per
+  // tensor (1 for a block).
   auto pack = [&](std::byte* packed, std::size_t members) {
     for (std::size_t j = 0; j < members; ++j)
-      for (std::size_t t = 0; t < ops.size(); ++t)
-        if (piece(t))
-          local.copy(packed + j * total + off[t],
-                     static_cast<const std::byte*>(ops[t]->send) + j * piece(t), piece(t));
+      for (std::size_t t = 0; t < ops.size(); ++t) {
+        const auto* from = static_cast<const std::byte*>(ops[t]->send);
+        if (!piece(t)) continue;
+        std::byte* to = packed + j * total + off[t];
+        if (ops[t]->strided && members > 1) {
+          const StridedPieceBox b = strided_piece_box(ops[t]->sent, j, from, to);
+          local.copy_box(from, b.block, b.at, to, b.piece, Shape{0, 0}, b.piece, b.elem);
+        } else {
+          local.copy(to, from + j * piece(t), piece(t));
+        }
+      }
   };
   auto unpack = [&](const std::byte* packed, std::size_t members) {
     for (std::size_t j = 0; j < members; ++j)
-      for (std::size_t t = 0; t < ops.size(); ++t)
-        if (piece(t))
-          local.copy(static_cast<std::byte*>(ops[t]->recv) + j * piece(t),
-                     packed + j * total + off[t], piece(t));
+      for (std::size_t t = 0; t < ops.size(); ++t) {
+        auto* to = static_cast<std::byte*>(ops[t]->recv);
+        if (!piece(t)) continue;
+        const std::byte* from = packed + j * total + off[t];
+        if (ops[t]->strided && members > 1) {
+          const StridedPieceBox b = strided_piece_box(ops[t]->received, j, to, from);
+          local.copy_box(from, b.piece, Shape{0, 0}, to, b.block, b.at, b.piece, b.elem);
+        } else {
+          local.copy(to + j * piece(t), from, piece(t));
+        }
+      }
   };
   switch (first.kind) {
     case Kind::all_gather: {
@@ -299,6 +371,27 @@ namespace detail {
 // What tensor t's step s adds to its collective round's packed block on the rank at `me`, as
 // run_round packs it: its piece per member (all-gather, reduce-scatter, all-to-all), or its
 // block (all-reduce).
+// A batch's link takes an all-to-all's and an all-gather's strided pieces (BatchLink): its
+// round packs them from where they lie.
+inline constexpr LinkAbilities batch_link_abilities{true, true};
+
+// Whether a step of round r of `batch` moves strided pieces on the rank at `me`.
+template <std::size_t N>
+bool round_is_strided(const BatchPlan<N>& batch, std::size_t r, const MeshCoord& me) {
+  for (std::size_t t = 0; t < batch.size(); ++t)
+    for (std::size_t s = 0; s < batch[t].size(); ++s) {
+      if (batch.round_of(t, s) != static_cast<int>(r) || batch.point_to_point(t, s)) continue;
+      const StepContext c = step_context(batch[t], s, me, false);
+      if (c.step.kind == StepKind::all_gather && gather_way(c, batch_link_abilities).strided)
+        return true;
+      if (c.step.kind == StepKind::all_to_all) {
+        const AllToAllWay w = all_to_all_way(c, batch_link_abilities);
+        if (w.strided_send || w.strided_recv) return true;
+      }
+    }
+  return false;
+}
+
 inline std::size_t round_part_bytes(const Plan& p, std::size_t s, const MeshCoord& me) {
   const StepContext c = step_context(p, s, me, false);
   switch (p[s].kind) {
@@ -328,10 +421,13 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
     std::int64_t own = 0, send = 0, recv = 0;
     for (std::size_t t = 0; t < batch.size(); ++t)
       own = detail::bytes_add(
-          own, detail::rank_workspace_bytes(batch[t], me, detail::messages_of(batch, t)));
+          own, detail::rank_workspace_bytes(batch[t], me, detail::messages_of(batch, t),
+                                            detail::batch_link_abilities));
     for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
       const BatchRound& round = batch.rounds()[r];
-      if (round.tensors < 2) continue;  // one tensor's round packs nothing
+      // One tensor's round packs nothing, unless its pieces are strided (on a backend that
+      // cannot move them so).
+      if (round.tensors < 2 && !detail::round_is_strided(batch, r, me)) continue;
       std::int64_t round_send = 0, round_recv = 0;
       if (round.kind == StepKind::exchange) {
         const RankBytes b = round_rank_bytes(batch, r, rank);
