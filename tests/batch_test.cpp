@@ -3,6 +3,8 @@
 #include <dtensor/dtensor.hpp>
 #include <dtensor/verify.hpp>
 
+#include "forwarding_backend.hpp"
+
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -226,6 +228,70 @@ TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every ran
                   "one by one; {} scheduled for the fewest calls, against {} for the busiest "
                   "tensor of each batch alone",
                   cases, batched, one_by_one, fewest, busiest));
+}
+
+TEST_CASE("strided pieces packed by the round, on backends with and without strided calls",
+          "[batch][strided]") {
+  // Column pieces (S(0) -> S(1), S(1) -> S(0), S(1) -> R): the round packs them from where they
+  // lie, with other tensors or alone; alone on a backend without strided calls too.
+  using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+  static_assert(!StridedAllToAll<PackingBackend> && !StridedAllGather<PackingBackend>);
+  const DeviceMesh mesh({4});
+  const auto layout = [&](std::string_view p, Shape shape, DType dtype) {
+    return Layout(mesh, parse_placements(p), std::move(shape), dtype);
+  };
+  const std::vector<std::vector<Redistribution>> batches = {
+      {{layout("S(0)", {8, 12}, DType::f32), layout("S(1)", {8, 12}, DType::f32)}},
+      {{layout("S(1)", {8, 12}, DType::bf16), layout("R", {8, 12}, DType::bf16)}},
+      {{layout("S(0)", {8, 12}, DType::f32), layout("S(1)", {8, 12}, DType::f32)},
+       {layout("S(0)", {4, 20}, DType::i64), layout("S(1)", {4, 20}, DType::i64)},
+       {layout("S(1)", {16, 4}, DType::f32), layout("S(0)", {16, 4}, DType::f32)}},
+      {{layout("S(1)", {8, 12}, DType::f32), layout("R", {8, 12}, DType::f32)},
+       {layout("S(0)", {8, 8}, DType::f32), layout("R", {8, 8}, DType::f32)},
+       {layout("S(2)", {2, 3, 8}, DType::f32), layout("R", {2, 3, 8}, DType::f32)}}};
+  for (const auto& tensors : batches)
+    for (const bool packing : {false, true}) {
+      const BatchPlan<16> b = plan_batch<16>(tensors);
+      INFO(fmt::format("{} tensors, packing backend: {}", tensors.size(), packing));
+      std::int64_t most = 0;
+      std::mutex lock;
+      std::vector<std::string> wrong;
+      SimulatedWorld world(mesh);
+      world.run([&](SimulatedBackend& simulated) {
+        const int rank = simulated.rank();
+        std::vector<std::vector<std::byte>> in, out;
+        std::vector<TensorBuffers> buffers;
+        for (const Plan& p : b) {
+          in.push_back(detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+            const std::vector<T> v = global_view_block<T>(p.src(), rank);
+            const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
+            return std::vector<std::byte>(bytes, bytes + v.size() * sizeof(T));
+          }));
+          out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+          buffers.push_back(
+              {in.back().data(), in.back().size(), out.back().data(), out.back().size()});
+        }
+        ExecuteStats stats;
+        PackingBackend forward(simulated);
+        if (packing)
+          execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
+        else
+          execute(b, simulated, std::span<const TensorBuffers>(buffers), &stats);
+        const std::scoped_lock guard(lock);
+        most = std::max(most, stats.scratch_peak_bytes);
+        for (std::size_t t = 0; t < b.size(); ++t) {
+          const std::vector<std::byte> expected =
+              detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
+                const std::vector<T> v = global_view_block<T>(b[t].dst(), rank);
+                const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
+                return std::vector<std::byte>(bytes, bytes + v.size() * sizeof(T));
+              });
+          if (out[t] != expected) wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
+        }
+      });
+      CHECK(wrong.empty());
+      CHECK(most <= workspace_bytes(b));
+    }
 }
 
 TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
