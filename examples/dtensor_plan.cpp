@@ -34,6 +34,8 @@ sharding picture of both layouts. Without --to, explains the one layout.
   --balanced             uneven dims in pieces that differ by at most one (default: torch.chunk)
   --objective time       what to minimise: time (the cost model's, default) or bytes
   --padding auto         uneven steps: auto, always (pad to the largest piece) or never
+  --memory any           blocks held between steps: any, or bounded (on every rank none larger
+                         than the larger of its source and target blocks, where a plan allows)
   --no-exchange          only per-mesh-dim collectives
   --no-all-to-all        no all-to-all: shard dim changes go through Replicate
   --backward             explain the gradient plan (PyTorch's rule) instead
@@ -163,6 +165,9 @@ Options parse_args(int argc, char** argv) {
       else if (arg == "--objective")
         o.plan.objective = parse_choice<Objective>(
             arg, value, {{"time", Objective::time}, {"bytes", Objective::bytes}});
+      else if (arg == "--memory")
+        o.plan.memory =
+            parse_choice<Memory>(arg, value, {{"any", Memory::any}, {"bounded", Memory::bounded}});
       else if (arg == "--padding")
         o.plan.padding = parse_choice<Padding>(
             arg, value,
@@ -280,9 +285,9 @@ void print_json(const Plan& plan, std::string_view kind) {
   }
   out += fmt::format(
       "],\"bytes_recv_max\":{},\"bytes_send_max\":{},\"lower_bound_bytes_recv_max\":{},"
-      "\"est_us\":{:.4f},\"ranks\":[",
+      "\"est_us\":{:.4f},\"workspace_bytes\":{},\"blocks_within_ends\":{},\"ranks\":[",
       plan.bytes_recv_max(), plan.bytes_send_max(), plan.lower_bound_bytes_recv_max(),
-      plan.est_us());
+      plan.est_us(), workspace_bytes(plan), blocks_within_ends(plan));
   for (int i = 0; i < mesh.size(); ++i) {
     const int rank = mesh.rank_at(i);
     const Box a = src.local_box(rank), b = dst.local_box(rank);
@@ -441,7 +446,10 @@ int run(Options o) {
   }
   if (kind != "forward")
     fmt::print("{} plan of {} -> {}\n", kind, src.placements(), dst.placements());
-  fmt::print("{}\n", explain(plan));
+  fmt::print("{}", explain(plan));
+  fmt::print("memory: scratch at most {} per rank (any backend), blocks between steps {}\n\n",
+             human_bytes(workspace_bytes(plan)),
+             blocks_within_ends(plan) ? "within both ends" : "larger than both ends on some rank");
   print_layout("from", plan.src());
   print_layout("to", plan.dst());
   return o.execute ? execute_and_report(plan, o, true) : 0;

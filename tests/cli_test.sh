@@ -27,6 +27,11 @@ expect_in "backward" "reduce_scatter"
 check "adjoint" 0 "$tool" --mesh 4 --shape 8x8 --from 'S(0)' --to 'R' --adjoint
 expect_in "adjoint" "reduce_scatter"
 check "objective bytes" 0 "$tool" --mesh 4 --shape 5x2 --from 'S(0)' --to R --objective bytes
+check "memory any" 0 "$tool" --mesh 2x2 --shape 8x16 --from 'S(0),S(0)' --to 'S(1),S(1)'
+expect_in "memory any" "larger than both ends on some rank"
+check "memory bounded" 0 "$tool" --mesh 2x2 --shape 8x16 --from 'S(0),S(0)' --to 'S(1),S(1)' \
+  --memory bounded
+expect_in "memory bounded" "blocks between steps within both ends"
 check "json" 0 "$tool" --mesh 2x4 --shape 1024x4096 --dtype bf16 --from 'S(0),R' --to 'R,S(1)' --json
 for key in '"mesh":[2,4]' '"shape":[1024,4096]' '"dtype":"bf16"' '"elem_bytes":2' \
            '"from":["S(0)","R"]' '"to":["R","S(1)"]' '"op":"chunk"' '"op":"all_gather","mesh_dims":[0]' \
@@ -79,6 +84,7 @@ for bad in "--mesh 2x0 --shape 4 --from R" "--mesh 2x4 --shape 4 --from S(0)" \
            "--mesh 2x4 --shape 4x4 --from S(2),R" "--mesh 2x4 --shape 4x4 --from X,R" \
            "--mesh 2x4 --shape 4x4 --from S(0),R --to R" "--mesh 2x4 --shape 4x4 --from R,R --dtype f8" \
            "--mesh 2x4 --from R,R" "--mesh" "--bogus 1" "--mesh 2x4 --shape 4x4 --from R,R --objective fast" \
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --memory little" \
            "--mesh 2x4 --shape 4x4 --from P(max),R --to R,R --adjoint" "positional" \
            "--mesh 2x4 --shape 4x4 --from R,R --to R,R --dump x" "--mesh 2x4 --shape 4x4 --from R,R --execute" \
            "--mesh 2x4 --shape 4x4 --from P,R --to R,R --relabel" "--mesh 2x4 --shape 4x4 --from R,R --relabel" \

@@ -258,15 +258,18 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
           dtypes.push_back(DType::i64);
           dtypes.push_back(DType::bf16);
         }
-        // Uneven shapes also run padded, exact, and under the bytes objective.
-        std::vector<PlanOptions> variants{{}};
+        // Every shape also runs with bounded memory; uneven shapes padded, exact, and under the
+        // bytes objective too.
+        std::vector<PlanOptions> variants{{}, PlanOptions{.memory = Memory::bounded}};
         if (shape[0] == 5)
           variants.insert(variants.end(), {PlanOptions{.padding = Padding::always},
                                            PlanOptions{.padding = Padding::never},
                                            PlanOptions{.objective = Objective::bytes}});
         for (DType dtype : dtypes)
           for (const PlanOptions& variant : variants) {
-            if (dtype != DType::f32 && variant.padding != Padding::automatic) continue;
+            if (dtype != DType::f32 &&
+                (variant.padding != Padding::automatic || variant.memory != Memory::any))
+              continue;
             const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
             tally.add(run_case(dtype, src, dst, variant),
                       fmt::format("{} {} {} {} -> {}", m, shape, dtype, a, b));

@@ -445,12 +445,14 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
                                DeviceMesh({2, 2, 2})};
   const Shape shapes[] = {{16, 8}, {5, 7}};
-  int pairs = 0, at_bound = 0, exact_when_promised = 0, promised = 0;
+  int pairs = 0, at_bound = 0, exact_when_promised = 0, promised = 0, bounded = 0, fit = 0;
+  int unfit_without_partial = 0;
   double worst = 1;
   std::string worst_case;
   const PlanOptions variants[] = {{.objective = Objective::time},
                                   {.objective = Objective::bytes},
-                                  {.padding = Padding::always}};
+                                  {.padding = Padding::always},
+                                  {.memory = Memory::bounded}};
   for (const PlanOptions& variant : variants) {
     for (const DeviceMesh& m : meshes) {
       testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
@@ -475,6 +477,15 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
             worst = double(p.bytes_recv_max()) / bound;
             worst_case = fmt::format("{} {} {} -> {}", m, shape, a, b);
           }
+          // Memory::bounded: no block between steps larger than both ends, on any rank; always
+          // reachable without Partial (one exchange holds no block between steps).
+          if (variant.memory == Memory::bounded) {
+            ++bounded;
+            if (blocks_within_ends(p))
+              ++fit;
+            else if (!has_partial(a) && !has_partial(b))
+              ++unfit_without_partial;
+          }
           // The promise of Objective::bytes: no Partial on either side moves the bound.
           if (variant.objective == Objective::bytes && variant.padding == Padding::automatic &&
               !has_partial(a) && !has_partial(b)) {
@@ -487,10 +498,13 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
   }
 
   CHECK(exact_when_promised == promised);
+  CHECK(unfit_without_partial == 0);
+  CHECK(fit > bounded * 9 / 10);
   fmt::print(
       "planner exhaustive: {} plans, {} at the lower bound ({:.1f}%), worst ratio {:.2f} ({}); "
-      "bytes objective without Partial: {}/{} at the bound\n",
-      pairs, at_bound, 100.0 * at_bound / pairs, worst, worst_case, exact_when_promised, promised);
+      "bytes objective without Partial: {}/{} at the bound; memory bounded: {}/{} within\n",
+      pairs, at_bound, 100.0 * at_bound / pairs, worst, worst_case, exact_when_promised, promised,
+      fit, bounded);
 }
 
 TEST_CASE("seed 002: sequence-parallel all-to-all and split/gather with grad_scale",

@@ -70,6 +70,14 @@ enum class PartialFromReplicate : std::uint8_t {
   keep_one,  // the rank at coordinate 0 keeps the value, the others hold 0
 };
 
+// What a plan may hold between its steps (local steps in a row count as one: an executor runs
+// them as one pass).
+enum class Memory : std::uint8_t {
+  any,      // whatever the cheapest plan holds
+  bounded,  // on every rank, no block between steps larger than the larger of its source and
+            // target blocks, wherever some candidate plan allows it
+};
+
 // Choices for plan_redistribute.
 struct PlanOptions {
   Objective objective = Objective::time;
@@ -77,6 +85,7 @@ struct PlanOptions {
   bool allow_exchange = true;
   bool allow_all_to_all = true;
   PartialFromReplicate partial_from_replicate = PartialFromReplicate::divide;
+  Memory memory = Memory::any;
   // The cost model; CostModel::defaults(mesh) when unset.
   bool has_cost_model = false;
   CostModel cost_model{};
@@ -182,6 +191,7 @@ class Plan {
   std::int64_t lower_bound_ = 0;
   double est_us_ = 0;
   bool pruned_ = false;  // a candidate the planner stopped costing; never returned
+  bool fits_ = true;     // under Memory::bounded: its blocks between steps are within the bound
 };
 
 }  // namespace dtensor

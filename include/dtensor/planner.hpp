@@ -4,6 +4,7 @@
 
 #include "config.hpp"
 #include "cost_model.hpp"
+#include "detail/stages.hpp"
 #include "detail/static_vector.hpp"
 #include "detail/step_cost.hpp"
 #include "detail/why.hpp"
@@ -687,6 +688,7 @@ struct plan_builder {
       return plan;
     }
     cost(plan, incumbent != nullptr && !incumbent->pruned_ ? incumbent : nullptr, probe);
+    if (!plan.pruned_ && options.memory == Memory::bounded) plan.fits_ = blocks_within_ends(plan);
     return plan;
   }
 
@@ -863,6 +865,12 @@ struct plan_builder {
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
+  static constexpr bool fits(const Plan& plan) noexcept { return plan.fits_; }
+  // The plan a candidate must beat to be costed to the end: none while the best so far breaks
+  // the memory bound (then any plan within it is better, however slow).
+  static constexpr const Plan* incumbent(const Plan& best) noexcept {
+    return best.fits_ ? &best : nullptr;
+  }
 
   static constexpr void set_lower_bound(Plan& plan, std::int64_t bytes) noexcept {
     plan.lower_bound_ = bytes;
@@ -978,11 +986,13 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       if (b[k].is_partial()) suffix.push_back({k, end[k], b[k]});
     if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
-    if (options.objective == Objective::time && !plan_builder::pruned(best) &&
+    if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr &&
+        !plan_builder::pruned(best) &&
         exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model) >
             plan_builder::time_to_beat(best))
       continue;
-    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options, &best, &probe);
+    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options,
+                                       plan_builder::incumbent(best), &probe);
     if (better(p, best, options.objective)) {
       best = p;
       last_change = combo;
@@ -995,6 +1005,7 @@ constexpr bool better(const Plan& a, const Plan& b, Objective objective) {
   constexpr double eps = 1e-9;
   if (plan_builder::pruned(a)) return false;
   if (plan_builder::pruned(b)) return true;
+  if (plan_builder::fits(a) != plan_builder::fits(b)) return plan_builder::fits(a);
   if (objective == Objective::bytes && a.bytes_recv_max() != b.bytes_recv_max())
     return a.bytes_recv_max() < b.bytes_recv_max();
   if (a.est_us() < b.est_us() - eps) return true;
@@ -1084,7 +1095,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   // Whether the best plan so far moves more than the bound (or is none): the searches below run
   // only then.
   auto above_bound = [&] {
-    return detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound;
+    return detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound ||
+           !detail::plan_builder::fits(best);
   };
   // The kept Partials' count costs more: only when the first plan does not reach the bound
   // (where it does, the count cannot exceed it).
@@ -1095,7 +1107,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   }
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
-    const Plan p = detail::plan_builder::build(src, dst, ts, options, &best, &probe);
+    const Plan p = detail::plan_builder::build(src, dst, ts, options,
+                                               detail::plan_builder::incumbent(best), &probe);
     if (detail::better(p, best, options.objective)) best = p;
   };
   // The same transitions with all-to-alls where they fit.
@@ -1160,6 +1173,11 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   detail::plan_builder::set_lower_bound(best, bound);
   return best;
 }
+
+// Whether, on every rank, no block the plan holds between its steps (local steps in a row
+// counting as one) is larger than the larger of that rank's source and target blocks: what
+// Memory::bounded asks for.
+constexpr bool blocks_within_ends(const Plan& plan) { return detail::blocks_within_ends(plan); }
 
 // The bytes global rank `rank` sends and receives in step `i` of the plan.
 constexpr RankBytes step_rank_bytes(const Plan& plan, std::size_t i, int rank) {

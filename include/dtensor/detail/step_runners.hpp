@@ -11,6 +11,7 @@
 #include "../plan.hpp"
 #include "../planner.hpp"
 #include "link.hpp"
+#include "stages.hpp"
 #include "task.hpp"
 
 // The steps of a plan on one rank's buffers, written once for every backend: each is a
@@ -629,16 +630,6 @@ inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_p
   }
 }
 
-// Whether R -> P(op) keeps the value on the group's first member and gives the others op's
-// identity (product; sum by PlanOptions, and always for integers) rather than dividing it by the
-// group's size (sum) or leaving it as it is (avg, max, min).
-inline bool scale_keeps_one(const Plan& plan, ReduceOp op) {
-  return op == ReduceOp::product ||
-         (op == ReduceOp::sum &&
-          (plan.options().partial_from_replicate == PartialFromReplicate::keep_one ||
-           !is_floating(plan.src().dtype())));
-}
-
 // R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
 template <class Ops>
 void make_partial(const Ops& ops, const StepContext& c, std::byte* out) {
@@ -666,38 +657,6 @@ void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, st
   // The rest of the block is 0, so scaling all of it scales just the piece.
   if (op == ReduceOp::avg)
     ops.multiply(dtype, out, count, c.plan.src().mesh().size(c.step.mesh_dim));
-}
-
-// Steps that move nothing between ranks: each rank rewrites its own block.
-constexpr bool is_local(StepKind k) {
-  return k == StepKind::identity || k == StepKind::chunk || k == StepKind::fill ||
-         k == StepKind::scale;
-}
-
-// Ops whose identities are the same value: 0 (sum, avg), lowest (max), highest (min), 1.
-constexpr int identity_class(ReduceOp op) {
-  return op == ReduceOp::avg ? static_cast<int>(ReduceOp::sum) : static_cast<int>(op);
-}
-
-// Whether the local steps first..last of `plan` run as one pass over the last block
-// (run_local_steps): every identity they place (fill, a scale that keeps one) is the same value,
-// and that value is 0 where they also divide or multiply (a scale that divides, a fill of avg).
-inline bool local_steps_fuse(const Plan& plan, std::size_t first, std::size_t last) {
-  int identity = -1;
-  bool scales_values = false;
-  for (std::size_t i = first; i <= last; ++i) {
-    const Step& s = plan[i];
-    if (!is_local(s.kind)) return false;
-    if (s.kind != StepKind::fill && s.kind != StepKind::scale) continue;
-    const ReduceOp op = s.after[s.mesh_dim].reduce_op();
-    const bool places = s.kind == StepKind::fill || scale_keeps_one(plan, op);
-    scales_values = scales_values || (s.kind == StepKind::fill && op == ReduceOp::avg) ||
-                    (s.kind == StepKind::scale && !places && op == ReduceOp::sum);
-    if (!places) continue;
-    if (identity >= 0 && identity != identity_class(op)) return false;
-    identity = identity_class(op);
-  }
-  return !scales_values || identity < 0 || identity == identity_class(ReduceOp::sum);
 }
 
 // Local steps first..last (local_steps_fuse) in one pass, from the block before the first to the
@@ -742,24 +701,6 @@ void run_local_steps(const Ops& ops, const Plan& plan, std::size_t first, std::s
     if (s.kind == StepKind::scale && op == ReduceOp::sum && !scale_keeps_one(plan, op))
       ops.divide(dtype, out, count, g);
   }
-}
-
-// The steps run_plan runs as one: a single step, or local steps fused (local_steps_fuse).
-struct Stage {
-  std::size_t first = 0, last = 0;
-};
-
-// The stages of `plan`, in order, into `stages` (max_plan_steps of room); how many.
-inline std::size_t stages_of(const Plan& plan, Stage* stages) {
-  std::size_t n = 0;
-  for (std::size_t i = 0; i < plan.size(); ++i) {
-    std::size_t last = i;
-    while (is_local(plan[i].kind) && last + 1 < plan.size() && local_steps_fuse(plan, i, last + 1))
-      ++last;
-    stages[n++] = {i, last};
-    i = last;
-  }
-  return n;
 }
 
 // The context of step i of `plan` on the rank at `me`; with `messages`, run as point-to-point
