@@ -173,6 +173,8 @@ Options parse_options(std::string_view line) {
       o.policy = ChunkPolicy::balanced;
     else if (word == "keep-one")
       o.plan.partial_from_replicate = PartialFromReplicate::keep_one;
+    else if (word == "bounded")
+      o.plan.memory = Memory::bounded;
     else if (word == "backward")
       o.backward = true;
     else if (word == "adjoint")
@@ -192,6 +194,8 @@ Options parse_options(std::string_view line) {
       if (b & 128u) o.backward = true;
       if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 1u)) o.adjoint = true;
       if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 2u)) o.batch = true;
+      if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 4u))
+        o.plan.memory = Memory::bounded;
     }
   }
   return o;
@@ -222,14 +226,14 @@ std::string shape_text(const Shape& s) {
 std::string options_text(const Options& o) {
   return fmt::format(
       "objective={} padding={} exchange={} all_to_all={} policy={} partial_from_replicate={} "
-      "backward={} adjoint={} batch={}",
+      "backward={} adjoint={} batch={} memory={}",
       o.plan.objective == Objective::bytes ? "bytes" : "time",
       o.plan.padding == Padding::always  ? "always"
       : o.plan.padding == Padding::never ? "never"
                                          : "auto",
       o.plan.allow_exchange, o.plan.allow_all_to_all, o.policy,
       o.plan.partial_from_replicate == PartialFromReplicate::keep_one ? "keep_one" : "divide",
-      o.backward, o.adjoint, o.batch);
+      o.backward, o.adjoint, o.batch, o.plan.memory == Memory::bounded ? "bounded" : "any");
 }
 
 // Whether every ')' closes an earlier '(' and every '(' is closed.
@@ -325,6 +329,13 @@ void check_plan(const Plan& plan, const Options& o, std::string_view what,
       !has_partial(dst.placements()) && plan.bytes_recv_max() != bound)
     fail(fmt::format("Objective::bytes without Partial moves {} B, not the lower bound {} B",
                      plan.bytes_recv_max(), bound));
+  // docs/planner.md: under Memory::bounded, no Partial on either side holds no block between
+  // steps larger than both ends.
+  if (o.plan.memory == Memory::bounded && o.plan.allow_exchange && !o.backward && !o.adjoint &&
+      !has_partial(src.placements()) && !has_partial(dst.placements()) &&
+      mesh.size() <= max_check_ranks &&
+      !must_succeed("blocks_within_ends", ctx, [&] { return blocks_within_ends(plan); }))
+    fail("Memory::bounded without Partial holds a block larger than both ends");
   if (mesh.size() <= max_check_ranks) {
     RankBytes most;
     for (int i = 0; i < mesh.size(); ++i) {
