@@ -913,7 +913,8 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   return us;
 }
 
-// Plans with one exchange: first each source Partial the target does not keep is reduced on
+// Plans with one exchange (a Partial the target keeps stays as it is through it): first each
+// source Partial the target does not keep is reduced on
 // its own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's
 // Replicate dims are optionally chunked to some S(d) so that the reduction runs on a smaller
 // block; then one exchange to an intermediate without Partial; then the target's Partial dims
@@ -928,7 +929,9 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
   int num_reduced = 0, num_made = 0, num_chunked = 0;
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-    if (a[k].is_partial() && b[k] == a[k]) return;  // Partial kept: an exchange cannot move it.
+    // A Partial kept as it is stays through the exchange: each of its classes (the ranks that
+    // share a coordinate there, holding one part) exchanges its part among itself.
+    if (a[k].is_partial() && b[k] == a[k]) continue;
     if (a[k].is_partial())
       reduced[num_reduced++] = k;
     else if (b[k].is_partial())
@@ -983,7 +986,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // Every target Partial is made locally after the exchange, innermost first: on `made`
     // dims from the intermediate's placement, on reduced dims from what the reduction left.
     for (int k = static_cast<int>(b.size()); k-- > 0;)
-      if (b[k].is_partial()) suffix.push_back({k, end[k], b[k]});
+      if (b[k].is_partial() && !(end[k] == b[k])) suffix.push_back({k, end[k], b[k]});
     if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr &&
