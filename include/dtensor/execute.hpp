@@ -26,57 +26,6 @@ namespace dtensor {
 
 namespace detail {
 
-// An upper bound on the staging one step takes on the rank at `me` over any link, both sides
-// packed or staged; with `messages`, as run_plan runs it in point-to-point messages (exact
-// pieces; an all-reduce keeps the g blocks). A batch's round packs at most this much of it.
-inline std::int64_t step_staging_bytes(const Plan& plan, std::size_t i, const MeshCoord& me,
-                                       bool messages = false) {
-  const Step& s = plan[i];
-  const Layout& base = plan.src();
-  const std::int64_t elem = base.elem_bytes();
-  const Box have = base.local_box(s.before, me), want = base.local_box(s.after, me);
-  const int k = s.mesh_dim;
-  if (messages && s.kind == StepKind::all_reduce)
-    return bytes_mul(base.mesh().size(k), bytes_mul(have.numel(), elem));
-  switch (s.kind) {
-    case StepKind::all_gather:
-    case StepKind::reduce_scatter:
-    case StepKind::all_to_all: {
-      const int g = base.mesh().size(k);
-      const bool gather = s.kind == StepKind::all_gather,
-                 scatter = s.kind == StepKind::reduce_scatter;
-      const int i_dim = gather || !scatter ? s.before[k].dim() : -1;
-      const int j_dim = scatter || !gather ? s.after[k].dim() : -1;
-      const bool even = !messages && step_is_even(plan, s);
-      auto largest = [&](std::int64_t n) { return chunk_range(n, g, 0, base.policy()).size; };
-      if (even || (s.padded && !messages)) {
-        // One piece per member, padded to the largest.
-        Shape piece = gather ? have.shape : want.shape;
-        if (!gather && !scatter) piece = have.shape;
-        if (i_dim >= 0) piece[i_dim] = largest(want.shape[i_dim]);
-        if (j_dim >= 0) piece[j_dim] = largest(have.shape[j_dim]);
-        std::int64_t p = 1;
-        for (std::int64_t e : piece) p *= e;
-        p *= elem;
-        return gather || scatter ? (g + 1) * p : 2 * p * g;
-      }
-      // Exact: the point-to-point round's buffers. All-gather receives into staging and sends
-      // its block as is; reduce-scatter packs every member's piece and keeps g partials of
-      // its own; all-to-all packs what it sends and stages what it receives.
-      const RankBytes b =
-          rank_step_cost(base, s.before, s.after, s.kind, k, false, me, plan.cost_model()).bytes;
-      if (gather) return b.recv;
-      if (scatter) return b.send + want.numel() * elem * g;
-      return b.send + b.recv;
-    }
-    case StepKind::exchange: {
-      const RankBytes b = step_rank_bytes(plan, i, base.mesh().rank(me));
-      return b.send + b.recv;
-    }
-    default: return 0;
-  }
-}
-
 // The scratch run_plan holds at most on the rank at `me` (place_blocks), with the steps whose
 // bit is set in `point_to_point` run as messages, over a link with abilities `a`.
 inline std::int64_t rank_workspace_bytes(const Plan& plan, const MeshCoord& me,

@@ -364,13 +364,6 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   }
 }
 
-}  // namespace detail
-
-namespace detail {
-
-// What tensor t's step s adds to its collective round's packed block on the rank at `me`, as
-// run_round packs it: its piece per member (all-gather, reduce-scatter, all-to-all), or its
-// block (all-reduce).
 // A batch's link takes an all-to-all's and an all-gather's strided pieces (BatchLink): its
 // round packs them from where they lie.
 inline constexpr LinkAbilities batch_link_abilities{true, true};
@@ -392,6 +385,9 @@ bool round_is_strided(const BatchPlan<N>& batch, std::size_t r, const MeshCoord&
   return false;
 }
 
+// What tensor t's step s adds to its collective round's packed block on the rank at `me`, as
+// run_round packs it: its piece per member (all-gather, reduce-scatter, all-to-all), or its
+// block (all-reduce).
 inline std::size_t round_part_bytes(const Plan& p, std::size_t s, const MeshCoord& me) {
   const StepContext c = step_context(p, s, me, false);
   switch (p[s].kind) {

@@ -866,10 +866,10 @@ struct plan_builder {
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
   static constexpr bool fits(const Plan& plan) noexcept { return plan.fits_; }
-  // The plan a candidate must beat to be costed to the end: none while the best so far breaks
-  // the memory bound (then any plan within it is better, however slow).
+  // The plan a candidate must beat to be costed to the end: none while the best so far is no
+  // plan (pruned) or breaks the memory bound (then any plan within it is better, however slow).
   static constexpr const Plan* incumbent(const Plan& best) noexcept {
-    return best.fits_ ? &best : nullptr;
+    return best.fits_ && !best.pruned_ ? &best : nullptr;
   }
 
   static constexpr void set_lower_bound(Plan& plan, std::int64_t bytes) noexcept {
@@ -913,15 +913,15 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   return us;
 }
 
-// Plans with one exchange (a Partial the target keeps stays as it is through it): first each
-// source Partial the target does not keep is reduced on
-// its own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's
-// Replicate dims are optionally chunked to some S(d) so that the reduction runs on a smaller
-// block; then one exchange to an intermediate without Partial; then the target's Partial dims
-// are made locally (S or R to P), innermost first, from the intermediate's placement there:
-// the source's, or some S(d) so that the group splits the work. Every combination is tried
-// while there are at most 64; beyond that only the natural one (the target's shard, else R;
-// no chunk; the source's placement).
+// Plans with one exchange: first each source Partial the target does not keep is reduced on its
+// own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's Replicate
+// dims are optionally chunked to some S(d) so that the reduction runs on a smaller block; then
+// one exchange to an intermediate without Partial but those the target keeps as they are (each
+// of their classes exchanges its part among itself); then the target's Partial dims are made
+// locally (S or R to P), innermost first, from the intermediate's placement there: the
+// source's, or some S(d) so that the group splits the work. Every combination is tried while
+// there are at most 64; beyond that only the natural one (the target's shard, else R; no chunk;
+// the source's placement).
 constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
                              const MeshCoord& probe, Plan& best) {
   const Placements& a = src.placements();
@@ -990,7 +990,6 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr &&
-        !plan_builder::pruned(best) &&
         exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model) >
             plan_builder::time_to_beat(best))
       continue;
@@ -1095,8 +1094,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const MeshCoord& probe = lb.busiest;
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
-  // Whether the best plan so far moves more than the bound (or is none): the searches below run
-  // only then.
+  // Whether the best plan so far moves more than the bound, breaks the memory bound, or is none:
+  // the searches below run only then.
   auto above_bound = [&] {
     return detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound ||
            !detail::plan_builder::fits(best);

@@ -255,9 +255,8 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
 }
 
 // A reduction as one point-to-point round (run_exchange_reduce): where its pieces go, and its
-// staging. Where `slabs`, the pieces are slabs of the block: sent as they lie, and this
-// member's own partial is reduced from the block.
-// Its staging: the pieces packed to send (unless slabs), and the partials received.
+// staging, the pieces packed to send and the partials received. Where `slabs`, the pieces are
+// slabs of the block: sent as they lie, and this member's own partial is reduced from the block.
 struct ExchangeReduceWay : Staging {
   bool slabs = false;
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs)
@@ -604,28 +603,19 @@ inline bool runs_in_place(const StepContext& c) {
 // allocates), `in_place` or not (runs_in_place).
 inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_place = false) {
   switch (c.step.kind) {
-    case StepKind::all_gather: {
-      return gather_way(c, a).allocated();
-    }
+    case StepKind::all_gather: return gather_way(c, a).allocated();
     case StepKind::reduce_scatter: {
-      if (c.even || c.step.padded) {
-        return scatter_way(c).allocated();
-      }
+      if (c.even || c.step.padded) return scatter_way(c).allocated();
       const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
       return exchange_reduce_way(c, slabs_along(c.have.shape, j_dim),
                                  [&c](int j) { return member_box(c, c.after, j); })
           .allocated();
     }
-    case StepKind::all_reduce: {
-      if (!c.messages) return 0;
-      return exchange_reduce_way(c, true, [&c](int) { return c.have; }).allocated();
-    }
-    case StepKind::all_to_all: {
-      return all_to_all_way(c, a, in_place).allocated();
-    }
-    case StepKind::exchange: {
-      return exchange_way(c).allocated();
-    }
+    case StepKind::all_reduce:
+      return c.messages ? exchange_reduce_way(c, true, [&c](int) { return c.have; }).allocated()
+                        : 0;
+    case StepKind::all_to_all: return all_to_all_way(c, a, in_place).allocated();
+    case StepKind::exchange: return exchange_way(c).allocated();
     default: return 0;
   }
 }
