@@ -617,6 +617,10 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
       if (ts[j].mesh_dim == ts[i].mesh_dim) before_mask[i] |= 1u << j;
     if (ts[i].to.is_partial() && !ts[i].from.is_partial()) before_mask[i] |= reductions;
   }
+  // When every item needs exactly the items before it, `ts` is the only order.
+  bool forced = true;
+  for (int i = 0; i < t && forced; ++i) forced = before_mask[i] == (1u << i) - 1;
+  if (forced) return ts;
   const unsigned full = (1u << t) - 1;
   for (unsigned m = 1; m <= full; ++m) best[m] = unreached;
   for (unsigned m = 0; m < full; ++m) {
@@ -813,53 +817,94 @@ struct plan_builder {
         s.padded = most.padded < most.exact;
       }
     }
-    // With every piece even, collectives cost every rank the same: rank 0 speaks for all.
-    // Otherwise a rank's costs depend only on its coordinates on mesh dims that shard at some
-    // point of the plan.
+    // A collective between even layouts costs every rank the same (an all-reduce too when its
+    // block splits evenly into the group's pieces): rank 0 speaks for all, once. The other steps
+    // cost every rank whose coordinates matter: with every piece even, rank 0 again; otherwise
+    // those on mesh dims that shard at some point of the plan.
     bool fixed[max_mesh_dims] = {};
     for (int k = 0; k < mesh.ndim(); ++k) {
       fixed[k] = (all_even && !has_exchange) || !base.placement(k).is_shard();
       for (const Step& s : plan.steps_) fixed[k] = fixed[k] && !s.after[k].is_shard();
     }
     plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
-    const bool by_bytes = o.objective == Objective::bytes;
-    const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
-    for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
-      RankBytes total;
-      double us = 0;
-      // The rank's block before a step is its block after the one before, when that one moved
-      // data (local steps compute no blocks).
-      Box have;
-      bool have_known = false;
-      for (Step& s : plan.steps_) {
-        if (moves_data(s.kind)) {
-          if (!have_known) have = base.local_box(s.before, c);
-          const Box want = base.local_box(s.after, c);
-          const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                                 s.padded, c, have, want, o.cost_model);
-          have = want;
-          have_known = true;
-          total.send = bytes_add(total.send, rc.bytes.send);
-          total.recv = bytes_add(total.recv, rc.bytes.recv);
-          s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
-          s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
-          s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
-        } else if (s.kind != StepKind::identity) {
-          have_known = false;
-        }
-        us += s.est_us;
-        // Every later step only adds: stop as soon as this plan cannot beat the incumbent.
-        if (incumbent != nullptr &&
-            (by_bytes ? max_of(plan.bytes_recv_max_, total.recv) > incumbent->bytes_recv_max()
-                      : us > us_limit)) {
-          plan.pruned_ = true;
-          return false;
+    RankBytes uniform_total;  // what the uniform steps cost every rank
+    bool uniform[max_plan_steps] = {};
+    bool any_varies = false;
+    for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+      Step& s = plan.steps_[i];
+      if (!moves_data(s.kind)) continue;
+      if (s.kind != StepKind::exchange && is_even(base, s.before) && is_even(base, s.after)) {
+        const Box have = base.local_box(s.before, origin);
+        if (s.kind != StepKind::all_reduce || have.numel() % mesh.size(s.mesh_dim) == 0) {
+          const RankStepCost rc =
+              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, origin, have,
+                             base.local_box(s.after, origin), o.cost_model);
+          uniform[i] = true;
+          uniform_total.send = bytes_add(uniform_total.send, rc.bytes.send);
+          uniform_total.recv = bytes_add(uniform_total.recv, rc.bytes.recv);
+          s.bytes_send_max = rc.bytes.send;
+          s.bytes_recv_max = rc.bytes.recv;
+          s.est_us = rc.us;
+          continue;
         }
       }
-      plan.bytes_recv_max_ = max_of(plan.bytes_recv_max_, total.recv);
-      plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
-      return true;
-    });
+      any_varies = true;
+    }
+    const bool by_bytes = o.objective == Objective::bytes;
+    const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
+    // Every later step only adds: the plan cannot beat the incumbent once a rank's bytes so far,
+    // or the steps' times so far, exceed the incumbent's.
+    auto loses_at = [&](std::int64_t recv, double us) {
+      return incumbent != nullptr &&
+             (by_bytes ? max_of(plan.bytes_recv_max_, recv) > incumbent->bytes_recv_max()
+                       : us > us_limit);
+    };
+    if (!any_varies) {
+      double us = 0;
+      for (const Step& s : plan.steps_) us += s.est_us;
+      if (loses_at(uniform_total.recv, us)) {
+        plan.pruned_ = true;
+        return;
+      }
+      plan.bytes_recv_max_ = uniform_total.recv;
+      plan.bytes_send_max_ = uniform_total.send;
+    }
+    if (any_varies) {
+      for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
+        RankBytes total = uniform_total;
+        double us = 0;
+        // The rank's block before a step is its block after the one before, when that one was
+        // costed here (local and uniform steps compute no blocks).
+        Box have;
+        bool have_known = false;
+        for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+          Step& s = plan.steps_[i];
+          if (moves_data(s.kind) && !uniform[i]) {
+            if (!have_known) have = base.local_box(s.before, c);
+            const Box want = base.local_box(s.after, c);
+            const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                   s.padded, c, have, want, o.cost_model);
+            have = want;
+            have_known = true;
+            total.send = bytes_add(total.send, rc.bytes.send);
+            total.recv = bytes_add(total.recv, rc.bytes.recv);
+            s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
+            s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
+            s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+          } else if (s.kind != StepKind::identity) {
+            have_known = false;
+          }
+          us += s.est_us;
+          if (loses_at(total.recv, us)) {
+            plan.pruned_ = true;
+            return false;
+          }
+        }
+        plan.bytes_recv_max_ = max_of(plan.bytes_recv_max_, total.recv);
+        plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
+        return true;
+      });
+    }
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
   }
@@ -1041,11 +1086,13 @@ struct LowerBound {
 constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   const DeviceMesh& mesh = src.mesh();
   LowerBound out{0, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0)};
-  // Coordinates on mesh dims that shard on neither side change nothing.
+  // Coordinates on mesh dims that shard on neither side change nothing; nor do those on a target
+  // Partial's dims, whose group splits the work (lower_bound_elements counts over the group).
   bool fixed[max_mesh_dims] = {};
   bool src_holds_all = true;
   for (int k = 0; k < mesh.ndim(); ++k) {
-    fixed[k] = !src.placement(k).is_shard() && !dst.placement(k).is_shard();
+    fixed[k] = (!src.placement(k).is_shard() && !dst.placement(k).is_shard()) ||
+               dst.placement(k).is_partial();
     src_holds_all = src_holds_all && src.placement(k).is_replicate();
   }
   if (src_holds_all) return out;  // every rank holds the whole tensor
