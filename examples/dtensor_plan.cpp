@@ -35,7 +35,8 @@ sharding picture of both layouts. Without --to, explains the one layout.
   --objective time       what to minimise: time (the cost model's, default) or bytes
   --padding auto         uneven steps: auto, always (pad to the largest piece) or never
   --memory any           blocks held between steps: any, or bounded (on every rank none larger
-                         than the larger of its source and target blocks, where a plan allows)
+                         than the larger of its source and target blocks, where a plan allows;
+                         auto padding then pads nothing)
   --no-exchange          only per-mesh-dim collectives
   --no-all-to-all        no all-to-all: shard dim changes go through Replicate
   --backward             explain the gradient plan (PyTorch's rule) instead

@@ -526,6 +526,27 @@ TEST_CASE("pieces sent and received strided, without packing", "[execute][stride
     }
 }
 
+TEST_CASE("bounded memory moves uneven pieces at their exact sizes", "[execute][planner]") {
+  // 7 rows over 4 ranks (2, 2, 2, 1): a padded all-gather stages 4 pieces of 2 rows, more than
+  // the 7 rows it gathers; under Memory::bounded the rows move exactly, straight into the
+  // target, and a padded reduce-scatter's zero-filled 8 rows become slabs sent as they lie.
+  const DeviceMesh mesh({4});
+  for (const auto& [from, to] : {std::pair{"S(0)", "R"}, std::pair{"P", "S(0)"}}) {
+    const Layout src(mesh, parse_placements(from), {7, 10});
+    const Layout dst(mesh, parse_placements(to), {7, 10});
+    const Plan fast = plan_redistribute(src, dst);
+    const Plan bounded = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+    INFO(from << " -> " << to);
+    REQUIRE(fast.size() == 1);
+    REQUIRE(bounded.size() == 1);
+    CHECK(fast[0].padded);
+    CHECK_FALSE(bounded[0].padded);
+    CHECK(workspace_bytes(fast) > 70 * 4);
+    CHECK(workspace_bytes(bounded) <= 70 * 4);
+    CHECK(verify_on_simulator(bounded).verified);
+  }
+}
+
 TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][planner]") {
   // Each class of the kept Partial (one part each) exchanges its part among itself. On 2x2x2
   // under bounded memory the exchange replaces an all-gather to a block twice either end; on

@@ -59,7 +59,8 @@ enum class Objective : std::uint8_t {
 
 // How uneven pieces move in all-gather, reduce-scatter and all-to-all steps.
 enum class Padding : std::uint8_t {
-  automatic,  // padded when the cost model finds it cheaper (never under Objective::bytes)
+  automatic,  // padded when the cost model finds it cheaper (never under Objective::bytes or
+              // Memory::bounded)
   always,     // padded to the largest piece: one native collective, padding counted in bytes
   never,      // exact sizes: variable-size rounds of point-to-point messages
 };
@@ -76,7 +77,8 @@ enum class PartialFromReplicate : std::uint8_t {
 enum class Memory : std::uint8_t {
   any,      // whatever the cheapest plan holds
   bounded,  // on every rank, no block between steps larger than the larger of its source and
-            // target blocks, wherever some candidate plan allows it
+            // target blocks, wherever some candidate plan allows it; uneven pieces move at their
+            // exact sizes (Padding::automatic pads nothing)
 };
 
 // Choices for plan_redistribute.

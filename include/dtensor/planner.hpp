@@ -783,9 +783,13 @@ struct plan_builder {
       all_even = all_even && is_even(base, s.after);
       has_exchange |= s.kind == StepKind::exchange;
     }
+    // Under Memory::bounded, automatic padding pads nothing: a padded step stages the group's
+    // largest piece for every member, more than the block it gathers or scatters.
+    const bool pads = o.padding == Padding::always ||
+                      (o.padding == Padding::automatic && o.memory != Memory::bounded);
     auto may_pad = [&](const Step& s) {
       return moves_data(s.kind) && !all_even && s.kind != StepKind::exchange &&
-             s.kind != StepKind::all_reduce && o.padding != Padding::never;
+             s.kind != StepKind::all_reduce && pads;
     };
     const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
     if (incumbent != nullptr && o.objective == Objective::time && !all_even &&
