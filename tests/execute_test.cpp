@@ -545,6 +545,18 @@ TEST_CASE("bounded memory moves uneven pieces at their exact sizes", "[execute][
     CHECK(workspace_bytes(bounded) <= 70 * 4);
     CHECK(verify_on_simulator(bounded).verified);
   }
+  // An exact reduction over pairs receives the other member's partial straight into the target
+  // and reduces its own from the block where it lies: no scratch at all.
+  const DeviceMesh pair({2});
+  for (const char* to : {"S(0)", "R"}) {
+    const Plan exact = plan_redistribute(
+        Layout(pair, parse_placements("P"), {7, 10}), Layout(pair, parse_placements(to), {7, 10}),
+        PlanOptions{.padding = Padding::never, .memory = Memory::bounded});
+    INFO("P -> " << to);
+    REQUIRE(exact.size() == 1);
+    CHECK(workspace_bytes(exact) == 0);
+    CHECK(verify_on_simulator(exact).verified);
+  }
 }
 
 TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][planner]") {

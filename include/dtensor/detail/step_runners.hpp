@@ -257,6 +257,9 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
 // A reduction as one point-to-point round (run_exchange_reduce): where its pieces go, and its
 // staging, the pieces packed to send and the partials received. Where `slabs`, the pieces are
 // slabs of the block: sent as they lie, and this member's own partial is reduced from the block.
+// One partial lies in the target itself (the reduction reads every part of an element before it
+// writes it): this member's own, copied there, or, where it is reduced from the block, the first
+// other member's, received there.
 struct ExchangeReduceWay : Staging {
   bool slabs = false;
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs)
@@ -269,7 +272,7 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
   w.slabs = slabs;
   w.at = packed_offsets(c, piece_of);
   w.send = slabs ? 0 : w.at.back();
-  w.recv = bytes_of(c.want, c.elem) * (slabs ? g - 1 : g);
+  w.recv = bytes_of(c.want, c.elem) * (slabs ? g - 2 : g - 1);
   w.use_spare(c.spare_bytes);
   return w;
 }
@@ -289,14 +292,14 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   std::vector<SendMessage> sends;
   std::vector<RecvMessage> recvs;
   std::vector<const void*> parts(static_cast<std::size_t>(g));
-  std::size_t next = 0;
+  std::size_t next = 0;  // partials staged so far; the first lies in the target (`out`)
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
     if (j == me && slabs) {
       parts[u] = cur + slab_offset(c.want, c.have, c.elem);
       continue;
     }
-    std::byte* partial = b.recv + next++ * own_bytes;
+    std::byte* partial = next++ == 0 ? out : b.recv + (next - 2) * own_bytes;
     parts[u] = partial;
     if (j == me) {
       copy_piece(ops, cur, c.have, partial, c.want, c.want, c.elem);
