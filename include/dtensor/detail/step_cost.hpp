@@ -322,6 +322,41 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
                         base.local_box(after, coord), cost);
 }
 
+// Whether `g` divides every rank's extent along tensor dim d under `ps`, without visiting the
+// ranks: the extents are those the nested shards of d cut, and one cut of n elements into k
+// pieces makes at most three sizes (full pieces, one short piece, empty ones; balanced: two).
+// Most 0 (no), 1 (yes), or -1 when the sizes are too many to follow here.
+constexpr int extents_divisible(const Layout& base, const Placements& ps, int d, int g) {
+  constexpr int most = 32;
+  std::int64_t sizes[most] = {base.global_shape()[d]};
+  int count = 1;
+  for (int m = 0; m < base.mesh().ndim(); ++m) {
+    if (!ps[m].is_shard(d)) continue;
+    const int k = base.mesh().size(m);
+    std::int64_t next[most] = {};
+    int next_count = 0;
+    for (int v = 0; v < count; ++v) {
+      const std::int64_t n = sizes[v];
+      // The first piece, the one after the last full piece, and the last: every size of the cut.
+      const std::int64_t full = chunk_range(n, k, 0, base.policy()).size;
+      const int after_full = full == 0 ? 0 : static_cast<int>(n / full);
+      for (const int j : {0, after_full < k ? after_full : k - 1, k - 1}) {
+        const std::int64_t size = chunk_range(n, k, j, base.policy()).size;
+        bool seen = false;
+        for (int u = 0; u < next_count && !seen; ++u) seen = next[u] == size;
+        if (seen) continue;
+        if (next_count == most) return -1;
+        next[next_count++] = size;
+      }
+    }
+    for (int u = 0; u < next_count; ++u) sizes[u] = next[u];
+    count = next_count;
+  }
+  for (int v = 0; v < count; ++v)
+    if (sizes[v] % g != 0) return 0;
+  return 1;
+}
+
 // Whether, for every rank, the tensor dims the step gathers (i) or scatters (j) divide evenly
 // among its group.
 constexpr bool step_is_even(const Plan& plan, const Step& s) {
@@ -333,7 +368,11 @@ constexpr bool step_is_even(const Plan& plan, const Step& s) {
   const int k = s.mesh_dim, g = mesh.size(k);
   const int i = s.kind == StepKind::reduce_scatter ? -1 : s.before[k].dim();
   const int j = s.kind == StepKind::all_gather ? -1 : s.after[k].dim();
-  for (int r = 0; r < mesh.size(); ++r) {
+  const int gathered = i >= 0 ? extents_divisible(base, s.after, i, g) : 1;
+  const int scattered = j >= 0 ? extents_divisible(base, s.before, j, g) : 1;
+  if (gathered == 0 || scattered == 0) return false;
+  if (gathered == 1 && scattered == 1) return true;
+  for (int r = 0; r < mesh.size(); ++r) {  // too many sizes to follow: every rank
     const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
     if (i >= 0 && base.local_box(s.after, c).shape[i] % g != 0) return false;
     if (j >= 0 && base.local_box(s.before, c).shape[j] % g != 0) return false;
