@@ -27,6 +27,11 @@ const Case cases[] = {
     {"2x2x2", "P,S(0),R", "R,R,S(0)", {1024, 4096}},
     {"2x2x2x2", "S(0),R,S(1),R", "R,S(1),R,S(0)", {1024, 4096}},
     {"2x2x2x2", "P,S(0),S(1),R", "R,S(1),S(0),S(0)", {1024, 4096}},
+    // Large meshes: the cost of a candidate grows with the ranks whose blocks differ.
+    {"1024", "S(0)", "S(1)", {8192, 8192}},
+    {"8x128", "S(0),R", "R,S(1)", {8192, 8192}},
+    {"16x64", "S(0),R", "R,S(0)", {8192, 8192}},
+    {"8x128", "S(0),S(1)", "S(1),S(0)", {8192, 8192}},
 };
 
 void plan_case(benchmark::State& state) {

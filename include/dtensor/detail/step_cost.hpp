@@ -88,6 +88,37 @@ constexpr void for_each_exchange_target(const Layout& base, const Placements& be
   });
 }
 
+// The pieces [first, last) of `n` elements cut into g (chunk_range) that can meet the relative
+// range [lo, hi): every other piece ends by lo or starts at hi or later. Binary searches, so that
+// a group of many members costs its logarithm, not its size.
+struct PieceSpan {
+  int first = 0;
+  int last = 0;
+};
+constexpr PieceSpan pieces_meeting(std::int64_t n, int g, ChunkPolicy policy, std::int64_t lo,
+                                   std::int64_t hi) noexcept {
+  if (g <= 8) return {0, g};  // a few pieces: trying each costs less than searching
+  int a = 0, b = g;           // the first piece that ends after lo (ends never decrease)
+  while (a < b) {
+    const int m = a + (b - a) / 2;
+    const Range r = chunk_range(n, g, m, policy);
+    if (r.start + r.size > lo)
+      b = m;
+    else
+      a = m + 1;
+  }
+  const int first = a;
+  b = g;  // the first piece from there that starts at hi or later
+  while (a < b) {
+    const int m = a + (b - a) / 2;
+    if (chunk_range(n, g, m, policy).start >= hi)
+      b = m;
+    else
+      a = m + 1;
+  }
+  return {first, a};
+}
+
 // The number of pieces that tensor dim d of `range` is cut into by the shards of mesh dims from
 // `depth` on, counting only non-empty pieces that overlap `want` (both ranges of dim d).
 // Depth-first over the nesting: the recursion is at most 8 deep (one level per mesh dim).
@@ -102,7 +133,9 @@ constexpr std::int64_t pieces_overlapping(const Layout& base, const Placements& 
   if (next == base.mesh().ndim()) return 1;
   std::int64_t count = 0;
   const int g = base.mesh().size(next);
-  for (int j = 0; j < g; ++j) {
+  const PieceSpan span = pieces_meeting(range.size, g, base.policy(), want.start - range.start,
+                                        want.start + want.size - range.start);
+  for (int j = span.first; j < span.last; ++j) {
     const Range r = chunk_range(range.size, g, j, base.policy());
     count += pieces_overlapping(base, ps, next + 1, d, {range.start + r.start, r.size}, want);
   }
@@ -132,7 +165,9 @@ constexpr std::int64_t overlap_over(const Layout& base, const Placements& ps,
     return overlap_over(base, ps, coord, vary, next + 1, d, {range.start + r.start, r.size}, have);
   }
   std::int64_t total = 0;
-  for (int j = 0; j < g; ++j) {
+  const PieceSpan span = pieces_meeting(range.size, g, base.policy(), have.start - range.start,
+                                        have.start + have.size - range.start);
+  for (int j = span.first; j < span.last; ++j) {
     const Range r = chunk_range(range.size, g, j, base.policy());
     total +=
         overlap_over(base, ps, coord, vary, next + 1, d, {range.start + r.start, r.size}, have);
