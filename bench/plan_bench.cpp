@@ -47,7 +47,23 @@ void plan_case(benchmark::State& state) {
                              plan_redistribute(src, dst).size()));
 }
 
+// The same plan from a PlanCache that holds it (a hit): a hash and a comparison.
+void cached_case(benchmark::State& state) {
+  const Case& c = cases[state.range(0)];
+  const DeviceMesh mesh = parse_mesh(c.mesh);
+  const Layout src(mesh, parse_placements(c.from), c.shape, DType::bf16);
+  const Layout dst(mesh, parse_placements(c.to), c.shape, DType::bf16);
+  static PlanCache<16> cache;  // 58 KB: static storage
+  cache.get(src, dst);
+  for (auto _ : state) {
+    const Plan& plan = cache.get(src, dst);
+    benchmark::DoNotOptimize(&plan);
+  }
+  state.SetLabel(fmt::format("{} {} -> {} {}, cached", c.mesh, c.from, c.to, c.shape));
+}
+
 }  // namespace
 
 BENCHMARK(plan_case)->DenseRange(0, std::size(cases) - 1);
+BENCHMARK(cached_case)->Arg(0)->Arg(5)->Arg(11)->Arg(15);
 BENCHMARK_MAIN();

@@ -14,6 +14,7 @@
 #include "parse.hpp"
 #include "placement.hpp"
 #include "plan.hpp"
+#include "plan_cache.hpp"
 #include "planner.hpp"
 #include "reduce_op.hpp"
 #include "relabel.hpp"
