@@ -777,11 +777,14 @@ struct plan_builder {
     const PlanOptions& o = plan.options_;
     const DeviceMesh& mesh = plan.src_.mesh();
     const Layout& base = plan.src_;
-    bool all_even = is_even(base, base.placements());
+    // even[i]: whether the layout before step i (after it, for i = size) is even.
+    bool even[max_plan_steps + 1] = {is_even(base, base.placements())};
+    bool all_even = even[0];
     bool has_exchange = false;
-    for (const Step& s : plan.steps_) {
-      all_even = all_even && is_even(base, s.after);
-      has_exchange |= s.kind == StepKind::exchange;
+    for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+      even[i + 1] = is_even(base, plan.steps_[i].after);
+      all_even = all_even && even[i + 1];
+      has_exchange |= plan.steps_[i].kind == StepKind::exchange;
     }
     // Under Memory::bounded, automatic padding pads nothing: a padded step stages the group's
     // largest piece for every member, more than the block it gathers or scatters.
@@ -837,7 +840,7 @@ struct plan_builder {
     for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
       Step& s = plan.steps_[i];
       if (!moves_data(s.kind)) continue;
-      if (s.kind != StepKind::exchange && is_even(base, s.before) && is_even(base, s.after)) {
+      if (s.kind != StepKind::exchange && even[i] && even[i + 1]) {
         const Box have = base.local_box(s.before, origin);
         if (s.kind != StepKind::all_reduce || have.numel() % mesh.size(s.mesh_dim) == 0) {
           const RankStepCost rc =
