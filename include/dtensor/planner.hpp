@@ -867,16 +867,9 @@ struct plan_builder {
                        : us > us_limit);
     };
     if (!any_varies) {
-      double us = 0;
-      for (const Step& s : plan.steps_) us += s.est_us;
-      if (loses_at(uniform_total.recv, us)) {
-        plan.pruned_ = true;
-        return;
-      }
       plan.bytes_recv_max_ = uniform_total.recv;
       plan.bytes_send_max_ = uniform_total.send;
-    }
-    if (any_varies) {
+    } else {
       for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
         RankBytes total = uniform_total;
         double us = 0;
@@ -914,6 +907,8 @@ struct plan_builder {
     }
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
+    // With every step uniform, the totals are known only now.
+    if (!any_varies && loses_at(plan.bytes_recv_max_, plan.est_us_)) plan.pruned_ = true;
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }

@@ -360,7 +360,7 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
 // Whether `g` divides every rank's extent along tensor dim d under `ps`, without visiting the
 // ranks: the extents are those the nested shards of d cut, and one cut of n elements into k
 // pieces makes at most three sizes (full pieces, one short piece, empty ones; balanced: two).
-// Most 0 (no), 1 (yes), or -1 when the sizes are too many to follow here.
+// Returns 1 (yes), 0 (no), or -1 when the sizes are too many to follow here.
 constexpr int extents_divisible(const Layout& base, const Placements& ps, int d, int g) {
   constexpr int most = 32;
   std::int64_t sizes[most] = {base.global_shape()[d]};
