@@ -5,8 +5,9 @@
 // The batch: 64 tensors of 4 KiB to 256 KiB per rank (the larger side; and a second sweep of
 // 256 B to 16 KiB, where latency dominates), f32 and bf16, as a
 // training step moves them: FSDP's all-gather of a layer's parameters (S(0) -> R), the
-// gradients' reduce-scatter (P -> S(0)), their all-reduce (P -> R) on 2 x 4, and a mix of all
-// three with resharding (S(0) -> S(1)).
+// gradients' reduce-scatter (P -> S(0)), their all-reduce (P -> R) on 2 x 4, sequence
+// parallelism's all-to-all (S(0) -> S(1)), and a mix of all three with resharding. The last
+// column is workspace_bytes<MpiBackend>(batch) over the packed size of the larger side.
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -32,6 +33,10 @@ struct Pattern {
   std::string_view name;
   const char* mesh;
   std::vector<std::pair<const char*, const char*>> pairs;  // cycled over the tensors
+  // Columns of every tensor, and how many times the global tensor is the larger side per rank
+  // (sizes are per rank): all-to-all's column pieces are 1/8 of a row.
+  std::int64_t cols = 16;
+  int spread = 1;
 };
 
 // The floor under a batch: each of its rounds as one bare blocking MPI call on buffers of the
@@ -114,6 +119,7 @@ int main(int argc, char** argv) {
       {"all-gather (FSDP params)", mesh_1d.c_str(), {{"S(0)", "R"}}},
       {"reduce-scatter (grads)", mesh_1d.c_str(), {{"P", "S(0)"}}},
       {"all-reduce (grads, 2-D)", mesh_2d.c_str(), {{"P,R", "R,R"}}},
+      {"all-to-all (sequence)", mesh_1d.c_str(), {{"S(0)", "S(1)"}}, 256, size},
       {"mixed",
        mesh_2d.c_str(),
        {{"S(0),R", "R,R"}, {"P,S(0)", "S(0),S(0)"}, {"R,S(0)", "R,S(1)"}}},
@@ -124,9 +130,9 @@ int main(int argc, char** argv) {
         "# {} ranks, {} tensors per batch (f32 and bf16), median of {} runs; sizes: the larger "
         "side per rank; bare: the batch's rounds as bare MPI calls, no packing; fewest calls: "
         "BatchSchedule::fewest_calls (= where its rounds are the fused ones)\n{:<26} {:<16} "
-        "{:>13} {:>12} {:>12} {:>12} {:>8} {:>10} {:>16}\n",
+        "{:>13} {:>12} {:>12} {:>12} {:>8} {:>10} {:>16} {:>8}\n",
         size, tensors, iterations, "pattern", "sizes", "collectives", "one by one us", "batched us",
-        "bare us", "speedup", "bare/one", "fewest calls us");
+        "bare us", "speedup", "bare/one", "fewest calls us", "scratch");
   for (const std::int64_t smallest : {std::int64_t{4096}, std::int64_t{256}})
     for (const Pattern& p : patterns) {
       if (!p.name.starts_with(only)) continue;
@@ -137,11 +143,12 @@ int main(int argc, char** argv) {
         // 4 KiB to 256 KiB per rank on the larger side: rows of 256 f32 (1 KiB) or bf16.
         const std::int64_t bytes = smallest << (t % 7);  // smallest, twice, ..., 64 times
         const DType dtype = t % 2 == 0 ? DType::f32 : DType::bf16;
-        const std::int64_t row_bytes = 16 * static_cast<std::int64_t>(size_of(dtype));
-        const std::int64_t rows = std::max<std::int64_t>(bytes / row_bytes / size * size, size);
+        const std::int64_t row_bytes = p.cols * static_cast<std::int64_t>(size_of(dtype));
+        const std::int64_t rows =
+            std::max<std::int64_t>(bytes * p.spread / row_bytes / size * size, size);
         const auto& [from, to] = p.pairs[static_cast<std::size_t>(t) % p.pairs.size()];
-        batch.push_back({Layout(mesh, parse_placements(from), {rows, 16}, dtype),
-                         Layout(mesh, parse_placements(to), {rows, 16}, dtype)});
+        batch.push_back({Layout(mesh, parse_placements(from), {rows, p.cols}, dtype),
+                         Layout(mesh, parse_placements(to), {rows, p.cols}, dtype)});
       }
       const auto plan = std::make_unique<BatchPlan<tensors>>(plan_batch<tensors>(batch));
       const auto fewest = std::make_unique<BatchPlan<tensors>>(
@@ -150,6 +157,7 @@ int main(int argc, char** argv) {
       std::vector<std::vector<std::byte>> in, out;
       std::vector<TensorBuffers> buffers;
       std::int64_t least = 0, most = 0;  // the larger side's bytes per rank
+      std::int64_t packed = 0;           // the packed size of the larger side on this rank
       for (int t = 0; t < tensors; ++t) {
         const Plan& one = (*plan)[static_cast<std::size_t>(t)];
         in.emplace_back(static_cast<std::size_t>(one.src().local_bytes(rank)), std::byte{1});
@@ -157,6 +165,7 @@ int main(int argc, char** argv) {
         const std::int64_t larger =
             std::max(one.src().max_local_bytes(), one.dst().max_local_bytes());
         least = t == 0 ? larger : std::min(least, larger);
+        packed += std::max(one.src().local_bytes(rank), one.dst().local_bytes(rank));
         most = std::max(most, larger);
       }
       for (int t = 0; t < tensors; ++t) {
@@ -183,13 +192,16 @@ int main(int argc, char** argv) {
       const double floor = bare ? bench::median_seconds(bare, iterations) : 0;
       if (rank == 0)
         fmt::print(
-            "{:<26} {:<16} {:>5} / {:<5} {:>12.1f} {:>12.1f} {:>12} {:>7.1f}x {:>10} {:>16}\n",
+            "{:<26} {:<16} {:>5} / {:<5} {:>12.1f} {:>12.1f} {:>12} {:>7.1f}x {:>10} {:>16} "
+            "{:>8.2f}\n",
             p.name, fmt::format("{} B-{} KiB", least, most / 1024), plan->collectives(),
             plan->collectives_unbatched(), one_by_one * 1e6, batched * 1e6,
             bare ? fmt::format("{:.1f}", floor * 1e6) : "-", one_by_one / batched,
             bare ? fmt::format("{:.1f}x", one_by_one / floor) : "-",
             aligned ? fmt::format("{:.1f} ({} calls)", fewest_calls * 1e6, fewest->backend_calls())
-                    : "=");
+                    : "=",
+            static_cast<double>(workspace_bytes<MpiBackend>(*plan)) /
+                static_cast<double>(std::max<std::int64_t>(packed, 1)));
     }
   MPI_Finalize();
   return 0;

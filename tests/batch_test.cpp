@@ -290,8 +290,61 @@ TEST_CASE("strided pieces packed by the round, on backends with and without stri
         }
       });
       CHECK(wrong.empty());
-      CHECK(most <= workspace_bytes(b));
+      CHECK(most <=
+            (packing ? workspace_bytes<PackingBackend>(b) : workspace_bytes<SimulatedBackend>(b)));
+      CHECK(workspace_bytes<SimulatedBackend>(b) <= workspace_bytes(b));
+      CHECK(workspace_bytes<PackingBackend>(b) == workspace_bytes(b));
     }
+}
+
+TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a backend that can",
+          "[batch][strided]") {
+  // Sequence parallelism's all-to-alls (seed 002) for several tensors at once: row pieces and
+  // column pieces, four dtypes. A BatchedAllToAll backend runs the round from the tensors'
+  // buffers as they lie; a backend without it packs both sides.
+  static_assert(BatchedAllToAll<SimulatedBackend>);
+  using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+  static_assert(!BatchedAllToAll<PackingBackend>);
+  const DeviceMesh mesh({2, 4});
+  const std::vector<Redistribution> tensors = {
+      pair(mesh, "R,S(0)", "R,S(1)", {16, 8}), pair(mesh, "R,S(1)", "R,S(0)", {8, 16}, DType::bf16),
+      pair(mesh, "S(1),S(0)", "S(1),S(2)", {4, 6, 8}, DType::i64),
+      pair(mesh, "R,S(0)", "R,S(1)", {32, 4}, DType::f16)};
+  const BatchPlan<8> b = plan_batch<8>(tensors);
+  REQUIRE(b.collectives() == 1);
+  REQUIRE(b.rounds()[0].kind == StepKind::all_to_all);
+  // Each tensor's step holds no scratch of its own, so the round is all there is.
+  CHECK(workspace_bytes<SimulatedBackend>(b) == 0);
+  CHECK(workspace_bytes(b) > 0);
+  const BatchVerification v = verify_batch_on_simulator(b);
+  INFO(v.difference);
+  CHECK(v.verified);
+  CHECK(v.collectives == 2);  // one all-to-all per group of mesh dim 1
+  for (const bool packing : {false, true}) {
+    std::int64_t most = 0;
+    std::mutex lock;
+    SimulatedWorld world(mesh);
+    world.run([&](SimulatedBackend& simulated) {
+      std::vector<std::vector<std::byte>> in, out;
+      std::vector<TensorBuffers> buffers;
+      for (const Plan& p : b) {
+        in.emplace_back(static_cast<std::size_t>(p.src().local_bytes(simulated.rank())));
+        out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(simulated.rank())));
+        buffers.push_back(
+            {in.back().data(), in.back().size(), out.back().data(), out.back().size()});
+      }
+      ExecuteStats stats;
+      PackingBackend forward(simulated);
+      if (packing)
+        execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
+      else
+        execute(b, simulated, std::span<const TensorBuffers>(buffers), &stats);
+      const std::scoped_lock guard(lock);
+      most = std::max(most, stats.scratch_peak_bytes);
+    });
+    INFO("packing backend: " << packing);
+    CHECK(most == (packing ? workspace_bytes(b) : 0));
+  }
 }
 
 TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
@@ -308,4 +361,14 @@ TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
     execute(b, backend, std::span<const TensorBuffers>(two));
   }),
                     Catch::Contains("3 tensors but 2 buffers"));
+  // Members whose parts of a batched all-to-all do not match: an error on every rank.
+  CHECK_THROWS_WITH(world.run([&](SimulatedBackend& backend) {
+    std::vector<std::byte> send(32), recv(32);
+    const std::size_t run = backend.rank() == 2 ? 4 : 8;
+    const std::vector<AllToAllPart> parts{
+        {send.data(), recv.data(), {1, run, 4 * run}, {1, run, 4 * run}},
+        {send.data(), recv.data(), {1, 8 - run, 32 - 4 * run}, {1, 8 - run, 32 - 4 * run}}};
+    backend.all_to_all_batched(0, parts);
+  }),
+                    Catch::Contains("bytes of part 0"));
 }

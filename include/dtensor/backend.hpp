@@ -189,6 +189,28 @@ concept StridedAllToAll = Backend<B> &&
          } -> std::same_as<typename B::Request>;
      });
 
+// One tensor's share of a batched all-to-all (BatchedAllToAll): its g pieces in `send`, laid out
+// as `sent` says, and where the g pieces it receives go in `recv`, as `received` says.
+struct AllToAllPart {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  StridedPieces sent, received;
+};
+
+// A backend that runs one all-to-all over several tensors' buffers at once, without packing
+// them into one (optional: a batch's all-to-all round packs every tensor's pieces into one
+// buffer per side where a backend lacks it). `all_to_all_batched(mesh_dim, parts)` is
+// all_to_all_strided(mesh_dim, parts[t].send, parts[t].recv, parts[t].sent, parts[t].received)
+// for every t, as one collective: every member passes as many parts, and part t's pieces have
+// the same piece_bytes() on every member. Blocking only: batched execution is. A backend may
+// declare `static constexpr std::size_t batched_all_to_all_bytes`: rounds of fewer packed bytes
+// (all members) are packed as on a backend without it.
+template <class B>
+concept BatchedAllToAll = Backend<B> &&
+    requires(B& b, int mesh_dim, std::span<const AllToAllPart> parts) {
+  b.all_to_all_batched(mesh_dim, parts);
+};
+
 // A backend that receives an all-gather's pieces where they go, without unpacking them
 // (optional: execute() gathers into staging and unpacks where a backend lacks it).
 // `all_gather_strided(mesh_dim, send, recv, pieces)` is `all_gather(mesh_dim, send, packed,

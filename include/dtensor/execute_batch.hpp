@@ -173,6 +173,19 @@ inline StridedPieceBox strided_piece_box(StridedPieces pieces, std::size_t j, co
           Shape{rows, static_cast<std::int64_t>(pieces.run_bytes / e)}, e};
 }
 
+// The packed size (bytes, all members) from which a batch's all-to-all round runs from the
+// tensors' buffers on B (BatchedAllToAll), as B::batched_all_to_all_bytes says where B declares
+// it (below it, packing is faster there), else at any size; never on a backend without it.
+template <class B>
+constexpr std::size_t batched_all_to_all_from() {
+  if constexpr (!BatchedAllToAll<B>)
+    return std::numeric_limits<std::size_t>::max();
+  else if constexpr (requires { B::batched_all_to_all_bytes; })
+    return B::batched_all_to_all_bytes;
+  else
+    return 0;
+}
+
 // Runs the parked operations `ops` of one round as one backend call, packing in `buffers`.
 template <class B>
 void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers) {
@@ -338,6 +351,19 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
       return;
     }
     case Kind::all_to_all: {
+      if constexpr (BatchedAllToAll<B>) {
+        if (g * total >= batched_all_to_all_from<B>()) {  // from the tensors' buffers
+          std::vector<AllToAllPart> parts;
+          parts.reserve(ops.size());
+          for (const ParkedOp* o : ops) {
+            const StridedPieces contiguous{1, o->n, g * o->n};
+            parts.push_back({o->send, o->recv, o->strided ? o->sent : contiguous,
+                             o->strided ? o->received : contiguous});
+          }
+          backend.all_to_all_batched(k, parts);
+          return;
+        }
+      }
       std::byte* send = Packing::at_least(backend, buffers.send, g * total);
       std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
       pack(send, g);
@@ -400,14 +426,13 @@ inline std::size_t round_part_bytes(const Plan& p, std::size_t s, const MeshCoor
 
 }  // namespace detail
 
-// Bytes of scratch memory execute() holds at most on any rank for this batch: every tensor's
-// own (as workspace_bytes of its plan; their steps interleave) plus the packing buffers, which
-// grow to the largest round's need on each side. A collective round packs its block once (an
-// all-gather and an all-reduce in place: the packed result only; a reduce-scatter or an
-// all-to-all both sides); a point-to-point round at most the bytes it sends and receives. Like
-// ExecuteStats' peak of a batched run, it adds the tensors' own peaks.
+namespace detail {
+
+// workspace_bytes(batch) on a backend that runs an all-to-all round of at least
+// `batched_all_to_all` packed bytes from the tensors' buffers (batched_all_to_all_from), packing
+// nothing for it.
 template <std::size_t N>
-std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
+std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batched_all_to_all) {
   if (batch.empty()) return 0;
   const DeviceMesh& mesh = batch[0].src().mesh();
   std::int64_t most = 0;
@@ -416,14 +441,13 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
     const MeshCoord me = mesh.coordinate(rank);
     std::int64_t own = 0, send = 0, recv = 0;
     for (std::size_t t = 0; t < batch.size(); ++t)
-      own = detail::bytes_add(
-          own, detail::rank_workspace_bytes(batch[t], me, detail::messages_of(batch, t),
-                                            detail::batch_link_abilities));
+      own = bytes_add(
+          own, rank_workspace_bytes(batch[t], me, messages_of(batch, t), batch_link_abilities));
     for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
       const BatchRound& round = batch.rounds()[r];
       // One tensor's round packs nothing, unless its pieces are strided (on a backend that
       // cannot move them so).
-      if (round.tensors < 2 && !detail::round_is_strided(batch, r, me)) continue;
+      if (round.tensors < 2 && !round_is_strided(batch, r, me)) continue;
       std::int64_t round_send = 0, round_recv = 0;
       if (round.kind == StepKind::exchange) {
         const RankBytes b = round_rank_bytes(batch, r, rank);
@@ -434,7 +458,7 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
         for (std::size_t t = 0; t < batch.size(); ++t)
           for (std::size_t s = 0; s < batch[t].size(); ++s)
             if (batch.round_of(t, s) == static_cast<int>(r))
-              total += detail::round_part_bytes(batch[t], s, me);
+              total += round_part_bytes(batch[t], s, me);
         const auto g = static_cast<std::size_t>(mesh.size(round.mesh_dim));
         switch (round.kind) {
           case StepKind::all_gather: round_recv = static_cast<std::int64_t>(g * total); break;
@@ -443,15 +467,38 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
             round_send = static_cast<std::int64_t>(g * total);
             round_recv = static_cast<std::int64_t>(total);
             break;
-          default: round_send = round_recv = static_cast<std::int64_t>(g * total); break;
+          default:
+            if (g * total < batched_all_to_all)
+              round_send = round_recv = static_cast<std::int64_t>(g * total);
+            break;
         }
       }
       send = std::max(send, round_send);
       recv = std::max(recv, round_recv);
     }
-    most = std::max(most, detail::bytes_add(own, detail::bytes_add(send, recv)));
+    most = std::max(most, bytes_add(own, bytes_add(send, recv)));
   }
   return most;
+}
+
+}  // namespace detail
+
+// Bytes of scratch memory execute() holds at most on any rank for this batch, on any backend:
+// every tensor's own (as workspace_bytes of its plan; their steps interleave) plus the packing
+// buffers, which grow to the largest round's need on each side. A collective round packs its
+// block once (an all-gather and an all-reduce in place: the packed result only; a
+// reduce-scatter or an all-to-all both sides); a point-to-point round at most the bytes it
+// sends and receives. Like ExecuteStats' peak of a batched run, it adds the tensors' own peaks.
+template <std::size_t N>
+std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
+  return detail::batch_workspace_bytes(batch, std::numeric_limits<std::size_t>::max());
+}
+
+// The same on backend B (`workspace_bytes<MpiBackend>(batch)`): on a BatchedAllToAll backend an
+// all-to-all round packs nothing (on MPI, from 512 KiB of packed pieces up).
+template <Backend B, std::size_t N>
+std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
+  return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>());
 }
 
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as

@@ -85,9 +85,29 @@ int main(int argc, char** argv) {
     const DeviceMesh mesh = parse_mesh(spelling);
     if (mesh.size() != world_size) continue;
     MpiBackend backend(mesh);
+    std::vector<std::vector<Redistribution>> batches;
     for (int size : {1, 3, 16}) {
-      std::vector<Redistribution> tensors;
-      for (int t = 0; t < size; ++t) tensors.push_back(random_tensor(rng, mesh));
+      batches.emplace_back();
+      for (int t = 0; t < size; ++t) batches.back().push_back(random_tensor(rng, mesh));
+    }
+    // All-to-alls of four tensors on the innermost mesh dim, row and column pieces: one round,
+    // which MPI packs when it is small and runs from the tensors' own buffers (BatchedAllToAll,
+    // MPI_Ialltoallw) when it is large (MpiBackend::batched_all_to_all_bytes).
+    const int g = mesh.size(mesh.ndim() - 1);
+    auto on_last = [&](const char* from, const char* to, const Shape& shape, DType dtype) {
+      std::string a, b;
+      for (int k = 0; k + 1 < mesh.ndim(); ++k) a += "R,", b += "R,";
+      return Redistribution{Layout(mesh, parse_placements(a + from), shape, dtype),
+                            Layout(mesh, parse_placements(b + to), shape, dtype)};
+    };
+    for (const std::int64_t rows : {1, 8192 / g})
+      batches.push_back({on_last("S(0)", "S(1)", {2 * g * rows, 3 * g}, DType::f32),
+                         on_last("S(1)", "S(0)", {g, 4 * g * rows}, DType::bf16),
+                         on_last("S(0)", "S(2)", {g, 3, 2 * g * rows}, DType::i64),
+                         on_last("S(0)", "S(1)", {8 * g * rows, g}, DType::i32)});
+    static_assert(BatchedAllToAll<MpiBackend>);
+    for (const std::vector<Redistribution>& tensors : batches) {
+      const int size = static_cast<int>(tensors.size());
       for (const BatchSchedule how : {BatchSchedule::fused, BatchSchedule::fewest_calls}) {
         const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors, {}, how));
         std::vector<std::vector<std::byte>> in, out;

@@ -105,6 +105,11 @@ class MpiBackend {
   // than packed per peer (execute_batch.hpp): shared memory moves them in one copy, from the
   // sender's buffer to the receiver's, where a packed one costs a pack and an unpack besides.
   static constexpr std::size_t direct_message_bytes = std::size_t{32} << 10;
+  // A batch's all-to-all round of at least this many packed bytes (all members, all tensors)
+  // runs from the tensors' buffers (all_to_all_batched), holding no scratch; a smaller one packs
+  // both sides, since building a datatype per member and tensor costs more than copying it
+  // (about 0.5 us per tensor and member here, bench/README.md).
+  static constexpr std::size_t batched_all_to_all_bytes = std::size_t{512} << 10;
 
   struct Options {
     // How long an operation may wait for its peers, counted from the first time the library
@@ -167,6 +172,9 @@ class MpiBackend {
         then_ = std::move(other.then_);
         pieces_type_ = std::move(other.pieces_type_);
         recv_type_ = std::move(other.recv_type_);
+        part_types_ = std::move(other.part_types_);
+        counts_ = std::move(other.counts_);
+        type_args_ = std::move(other.type_args_);
         deadline_ = other.deadline_;
         call_ = other.call_;
       }
@@ -186,6 +194,10 @@ class MpiBackend {
     std::function<void()> then_;
     detail::MpiType pieces_type_;  // a strided operation's pieces (StridedPieces)
     detail::MpiType recv_type_;    // a strided all-to-all's received pieces
+    // A batched all-to-all's datatypes, and the arrays MPI_Ialltoallw reads until it completes.
+    std::vector<detail::MpiType> part_types_;
+    std::vector<int> counts_;
+    std::vector<MPI_Datatype> type_args_;
     std::optional<std::chrono::steady_clock::time_point> deadline_;
 
     void abandon() noexcept {
@@ -193,6 +205,7 @@ class MpiBackend {
       requests_.clear();
       pieces_type_.release();
       recv_type_.release();
+      for (detail::MpiType& t : part_types_) t.release();
       wide_in_.abandon();
       wide_out_.abandon();
     }
@@ -237,6 +250,13 @@ class MpiBackend {
   }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
     Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
+    wait(r);
+  }
+  // One all-to-all over several tensors' buffers (BatchedAllToAll): MPI_Ialltoallw with, for
+  // each member, one datatype on each side that picks its piece of every part where it lies
+  // (absolute addresses from MPI_BOTTOM), so nothing is packed.
+  void all_to_all_batched(int mesh_dim, std::span<const AllToAllPart> parts) {
+    Request r = start_all_to_all_batched(mesh_dim, parts);
     wait(r);
   }
 
@@ -301,6 +321,69 @@ class MpiBackend {
     const int n = pieces_type(pieces, r.pieces_type_, r);
     must(MPI_Iallgather(send, n, MPI_BYTE, recv, 1, r.pieces_type_.get(), comm,
                         &r.requests_.emplace_back()),
+         r.call_);
+    return r;
+  }
+  Request start_all_to_all_batched(int mesh_dim, std::span<const AllToAllPart> parts) {
+    Request r = begin("MPI_Ialltoallw");
+    const MPI_Comm comm = group(mesh_dim);
+    const auto g = static_cast<std::size_t>(mesh_.size(mesh_dim));
+    // Per part and side: the datatype of one piece (its runs), MPI_BYTE where it is one run.
+    std::vector<MPI_Datatype> sent(parts.size(), MPI_BYTE), received(parts.size(), MPI_BYTE);
+    auto piece_type = [&](StridedPieces p, MPI_Datatype& type) {
+      if (!needs_type(p)) return;
+      const int rows = count_of(p.rows, r.call_), run = count_of(p.run_bytes, r.call_);
+      if (p.stride_bytes > static_cast<std::size_t>(std::numeric_limits<MPI_Aint>::max()))
+        throw error(std::string(r.call_) + ": runs " + std::to_string(p.stride_bytes) +
+                    " bytes apart exceed MPI's displacements");
+      detail::MpiType& t = r.part_types_.emplace_back();
+      must(MPI_Type_create_hvector(rows, run, static_cast<MPI_Aint>(p.stride_bytes), MPI_BYTE,
+                                   t.out()),
+           "MPI_Type_create_hvector");
+      type = t.get();
+    };
+    for (std::size_t t = 0; t < parts.size(); ++t) {
+      piece_type(parts[t].sent, sent[t]);
+      piece_type(parts[t].received, received[t]);
+    }
+    // Member j's datatype on one side: piece j of every non-empty part, at its address.
+    r.counts_.assign(2 * g, 0);
+    r.type_args_.assign(2 * g, MPI_BYTE);
+    std::vector<int> lengths;
+    std::vector<MPI_Aint> at;
+    std::vector<MPI_Datatype> types;
+    for (std::size_t side = 0; side < 2; ++side)
+      for (std::size_t j = 0; j < g; ++j) {
+        lengths.clear();
+        at.clear();
+        types.clear();
+        for (std::size_t t = 0; t < parts.size(); ++t) {
+          const StridedPieces p = side == 0 ? parts[t].sent : parts[t].received;
+          if (p.piece_bytes() == 0) continue;
+          const auto* base =
+              static_cast<const std::byte*>(side == 0 ? parts[t].send : parts[t].recv);
+          MPI_Aint address = 0;
+          must(MPI_Get_address(base + j * p.run_bytes, &address), "MPI_Get_address");
+          const bool one_run = !needs_type(p);
+          lengths.push_back(one_run ? count_of(p.piece_bytes(), r.call_) : 1);
+          at.push_back(address);
+          types.push_back(side == 0 ? sent[t] : received[t]);
+        }
+        if (lengths.empty()) continue;
+        detail::MpiType& type = r.part_types_.emplace_back();
+        must(MPI_Type_create_struct(static_cast<int>(lengths.size()), lengths.data(), at.data(),
+                                    types.data(), type.out()),
+             "MPI_Type_create_struct");
+        must(MPI_Type_commit(type.handle()), "MPI_Type_commit");
+        r.counts_[side * g + j] = 1;
+        r.type_args_[side * g + j] = type.get();
+      }
+    // Displacements are 0: the datatypes hold absolute addresses.
+    r.counts_.resize(4 * g, 0);
+    const int* counts = r.counts_.data();
+    const int* zeros = r.counts_.data() + 2 * g;
+    must(MPI_Ialltoallw(MPI_BOTTOM, counts, zeros, r.type_args_.data(), MPI_BOTTOM, counts + g,
+                        zeros, r.type_args_.data() + g, comm, &r.requests_.emplace_back()),
          r.call_);
     return r;
   }
@@ -573,6 +656,9 @@ class MpiBackend {
     r.requests_.clear();
     r.pieces_type_.reset();
     r.recv_type_.reset();
+    r.part_types_.clear();
+    r.counts_.clear();
+    r.type_args_.clear();
     r.wide_in_ = {};
     if (r.then_) std::exchange(r.then_, nullptr)();
     r.wide_out_ = {};

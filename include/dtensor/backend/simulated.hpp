@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstddef>
@@ -97,7 +98,8 @@ class BasicSimulatedWorld {
     std::vector<const void*> send;
     std::vector<void*> recv;
     std::vector<std::size_t> size;
-    std::vector<StridedPieces> pieces;  // where an all-to-all's send pieces lie
+    std::vector<StridedPieces> pieces;                 // where an all-to-all's send pieces lie
+    std::vector<std::span<const AllToAllPart>> parts;  // a batched all-to-all's
     std::vector<std::vector<SendMessage>> messages;
     std::array<std::vector<const void*>, 3> fence;
     int arrived = 0;
@@ -113,6 +115,7 @@ class BasicSimulatedWorld {
       m.recv.resize(n);
       m.size.resize(n);
       m.pieces.resize(n);
+      m.parts.resize(n);
       m.messages.resize(n);
       for (auto& f : m.fence) f.resize(n);
     }
@@ -230,6 +233,56 @@ class BasicSimulatedBackend {
   void all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
                           StridedPieces received) requires(Lane::memory == MemorySpace::host) {
     all_to_all_pieces(mesh_dim, send, recv, sent, received);
+  }
+
+  // all_to_all_strided over every part at once (BatchedAllToAll): each member's piece of each
+  // part copied run by run, the bytes counted as one all_to_all's. On host memory only.
+  void all_to_all_batched(int mesh_dim,
+                          std::span<const AllToAllPart> parts) requires(Lane::memory ==
+                                                                        MemorySpace::host) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    std::size_t bytes = 0;
+    for (const AllToAllPart& p : parts) bytes += p.sent.piece_bytes();
+    Meeting& m = enter(g, mesh_dim, nullptr, nullptr, bytes);
+    m.parts[static_cast<std::size_t>(g.index)] = parts;
+    sync(m, g, 1);
+    // Every member checks every pair, so that all agree, and meets the others before an error:
+    // none reads another's parts after that one has left.
+    std::string mismatch;
+    for (int i = 0; i < g.size && mismatch.empty(); ++i)
+      for (int j = 0; j < g.size && mismatch.empty(); ++j) {
+        const std::span<const AllToAllPart> to = m.parts[static_cast<std::size_t>(i)];
+        const std::span<const AllToAllPart> from = m.parts[static_cast<std::size_t>(j)];
+        for (std::size_t t = 0; t < std::max(to.size(), from.size()) && mismatch.empty(); ++t) {
+          const std::size_t want = t < to.size() ? to[t].received.piece_bytes() : 0;
+          const std::size_t sent = t < from.size() ? from[t].sent.piece_bytes() : 0;
+          if (want != sent)
+            mismatch = "simulated batched all-to-all: rank " + std::to_string(g.rank(i)) +
+                       " expects " + std::to_string(want) + " bytes of part " + std::to_string(t) +
+                       " from rank " + std::to_string(g.rank(j)) + ", which sends " +
+                       std::to_string(sent);
+        }
+      }
+    if (!mismatch.empty()) {
+      sync(m, g, 2);
+      world_->abort();
+      throw error(mismatch);
+    }
+    for (int j = 0; j < g.size; ++j) {
+      const std::span<const AllToAllPart> theirs = m.parts[static_cast<std::size_t>(j)];
+      for (std::size_t t = 0; t < parts.size(); ++t) {
+        const std::size_t piece = parts[t].received.piece_bytes();
+        if (piece == 0) continue;
+        copy_runs(static_cast<const std::byte*>(theirs[t].send) +
+                      static_cast<std::size_t>(g.index) * theirs[t].sent.run_bytes,
+                  theirs[t].sent,
+                  static_cast<std::byte*>(parts[t].recv) +
+                      static_cast<std::size_t>(j) * parts[t].received.run_bytes,
+                  parts[t].received, piece);
+      }
+    }
+    const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
+    leave(m, g, moved, moved);
   }
 
   // all_gather with each member's piece copied run by run to where it goes in `recv`
