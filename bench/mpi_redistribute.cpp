@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
                         // Columns: the pieces land side by side in the target (StridedAllGather).
                         {"all_gather_cols", "S(1)", "R", double(size - 1) / size},
                         {"reduce_scatter", "P", "S(0)", double(size - 1) / size},
+                        // Columns: the pieces go where they lie, as one point-to-point round
+                        // (StridedExchange), against the contiguous collective.
+                        {"reduce_scatter_cols", "P", "S(1)", double(size - 1) / size},
                         {"all_reduce", "P", "R", 2.0 * (size - 1) / size},
                         {"all_to_all", "S(0)", "S(1)", double(size - 1) / size},
                         // The reverse: pieces received side by side in the target.
@@ -80,7 +83,7 @@ int main(int argc, char** argv) {
             if (c.name.starts_with("all_gather"))
               MPI_Allgather(in.data(), static_cast<int>(in.size()), MPI_FLOAT, out.data(),
                             static_cast<int>(in.size()), MPI_FLOAT, MPI_COMM_WORLD);
-            else if (c.name == "reduce_scatter")
+            else if (c.name.starts_with("reduce_scatter"))
               MPI_Reduce_scatter_block(in.data(), out.data(), static_cast<int>(out.size()),
                                        MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
             else if (c.name == "all_reduce")

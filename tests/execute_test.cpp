@@ -526,6 +526,91 @@ TEST_CASE("pieces sent and received strided, without packing", "[execute][stride
     }
 }
 
+TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute][strided]") {
+  // Exact steps and exchanges whose pieces are not contiguous runs (column pieces), and an even
+  // reduce-scatter into column pieces: a StridedExchange backend sends and receives them as
+  // runs of one stride, one that is not packs and stages them. Same bits, same bytes, exactly
+  // the planned scratch on each, and less of it where the pieces are strided.
+  static_assert(StridedExchange<SimulatedBackend> && !StridedExchange<PackingBackend>);
+  struct Case {
+    std::string_view mesh, from, to;
+    Shape shape;
+    Memory memory;
+  };
+  const Case cases[] = {{"4", "P", "S(1)", {8, 12}, Memory::any},           // even, into columns
+                        {"2x2", "P,R", "S(1),R", {8, 12}, Memory::any},     // the same per group
+                        {"4", "P", "S(1)", {7, 10}, Memory::bounded},       // exact
+                        {"4", "S(1)", "R", {7, 10}, Memory::bounded},       // exact gather
+                        {"4", "S(0)", "S(1)", {7, 10}, Memory::bounded},    // exact all-to-all
+                        {"2x4", "S(1),R", "R,S(1)", {8, 16}, Memory::any},  // exchange
+                        {"2x2", "P,S(0)", "S(1),S(0)", {8, 12}, Memory::any}};
+  for (const Case& c : cases)
+    for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
+      const DeviceMesh mesh = parse_mesh(c.mesh);
+      const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
+      const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
+      const Plan plan = plan_redistribute(src, dst, {.memory = c.memory});
+      INFO(fmt::format("{}: {} -> {} {} {}: {}", c.mesh, c.from, c.to, c.shape, dtype, plan));
+      const Verification v = verify_on_simulator(plan);
+      CHECK(v.verified);
+      CHECK(v.difference == "");
+      const auto [strided, packed] = detail::visit_dtype(dtype, [&]<class T>() {
+        return std::pair{run_simulated<T>(plan, false), run_simulated<T>(plan, true)};
+      });
+      CHECK(strided.results == packed.results);
+      std::int64_t strided_most = 0, packed_most = 0;
+      for (int i = 0; i < mesh.size(); ++i) {
+        const auto u = static_cast<std::size_t>(i);
+        CHECK(strided.measured[u] == rank_bytes(plan, mesh.rank_at(i)));
+        CHECK(packed.measured[u] == strided.measured[u]);
+        const MeshCoord at = mesh.coordinate(mesh.rank_at(i));
+        CHECK(strided.scratch_peak[u] ==
+              detail::rank_workspace_bytes(plan, at, 0,
+                                           detail::abilities_of<detail::Link<SimulatedBackend>>));
+        CHECK(packed.scratch_peak[u] ==
+              detail::rank_workspace_bytes(plan, at, 0,
+                                           detail::abilities_of<detail::Link<PackingBackend>>));
+        strided_most = std::max(strided_most, strided.scratch_peak[u]);
+        packed_most = std::max(packed_most, packed.scratch_peak[u]);
+      }
+      CHECK(strided_most < packed_most);
+      CHECK(strided_most == workspace_bytes<SimulatedBackend>(plan));
+    }
+}
+
+TEST_CASE("runs of one stride: where a box lies in a row-major block", "[execute][strided]") {
+  const auto box = [](Shape offset, Shape shape) {
+    return Box{std::move(offset), std::move(shape)};
+  };
+  const Box block = box({0, 0, 0}, {4, 6, 8});
+  // Column pieces: 4 * 6 rows of 2 elements, a row of the block apart.
+  auto r = detail::runs_of(box({0, 0, 2}, {4, 6, 2}), block, 4);
+  REQUIRE(r.has_value());
+  CHECK(r->offset == 8);
+  CHECK(r->runs.rows == 24);
+  CHECK(r->runs.run_bytes == 8);
+  CHECK(r->runs.stride_bytes == 32);
+  // A slab: one run.
+  r = detail::runs_of(box({1, 0, 0}, {2, 6, 8}), block, 4);
+  REQUIRE(r.has_value());
+  CHECK(r->offset == 192);
+  CHECK(r->runs.rows == 1);
+  CHECK(r->runs.run_bytes == 384);
+  // Rows of dim 1 inside one index of dim 0: 3 runs of a row each... of 8 elements, contiguous.
+  r = detail::runs_of(box({2, 1, 0}, {1, 3, 8}), block, 4);
+  REQUIRE(r.has_value());
+  CHECK(r->runs.rows == 1);
+  CHECK(r->runs.run_bytes == 96);
+  // Two dims cut short: rows are not one stride apart.
+  CHECK_FALSE(detail::runs_of(box({0, 1, 0}, {2, 3, 4}), block, 4).has_value());
+  // Dims of extent 1 in the block do not break the stride.
+  r = detail::runs_of(box({0, 0, 0}, {4, 1, 3}), box({0, 0, 0}, {4, 1, 6}), 2);
+  REQUIRE(r.has_value());
+  CHECK(r->runs.rows == 4);
+  CHECK(r->runs.run_bytes == 6);
+  CHECK(r->runs.stride_bytes == 12);
+}
+
 TEST_CASE("whether a step is even is decided without visiting the ranks", "[execute]") {
   // step_is_even follows the sizes the nested shards cut; here against every rank's block, on
   // meshes of 1 to 3 dims of extents 1 to 5, shapes with empty and uneven pieces, both chunk

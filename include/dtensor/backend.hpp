@@ -227,6 +227,56 @@ concept StridedAllGather = Backend<B> &&
      });
 
 namespace detail {
+// Copies `bytes` bytes laid out as the runs of `from_runs` at `from` (run r at r * stride_bytes)
+// into the runs of `to_runs` at `to`, both cut differently and walked together, calling
+// `copy(to, from, n)` for each stretch: how backends move strided pieces in memory.
+template <class Copy>
+void copy_runs(Copy&& copy, const void* from, StridedPieces from_runs, void* to,
+               StridedPieces to_runs, std::size_t bytes) {
+  const auto* source = static_cast<const std::byte*>(from);
+  auto* target = static_cast<std::byte*>(to);
+  std::size_t from_row = 0, from_at = 0, to_row = 0, to_at = 0;
+  for (std::size_t left = bytes; left > 0;) {
+    const std::size_t n =
+        std::min({from_runs.run_bytes - from_at, to_runs.run_bytes - to_at, left});
+    copy(target + to_row * to_runs.stride_bytes + to_at,
+         source + from_row * from_runs.stride_bytes + from_at, n);
+    left -= n;
+    if ((from_at += n) == from_runs.run_bytes) from_at = 0, ++from_row;
+    if ((to_at += n) == to_runs.run_bytes) to_at = 0, ++to_row;
+  }
+}
+}  // namespace detail
+
+// A message of a strided point-to-point round (StridedExchange): `runs.rows` runs of
+// `runs.run_bytes` bytes, run r at byte r * runs.stride_bytes of `data` (one contiguous run of
+// n bytes is {1, n, n}). A send matches a receive of the same number of bytes, however either
+// side lies.
+struct StridedSendMessage {
+  int peer = 0;
+  const void* data = nullptr;
+  StridedPieces runs;
+};
+struct StridedRecvMessage {
+  int peer = 0;
+  void* data = nullptr;
+  StridedPieces runs;
+};
+
+// A backend whose point-to-point round sends and receives strided messages where they lie
+// (optional: execute() packs and unpacks them and calls exchange where a backend lacks it).
+// `exchange_strided(sends, recvs)` is `exchange` of the same messages made contiguous. An
+// AsyncBackend also starts it: `start_exchange_strided`, same arguments.
+template <class B>
+concept StridedExchange = Backend<B> &&
+    requires(B& b, std::span<const StridedSendMessage> s, std::span<const StridedRecvMessage> r) {
+  b.exchange_strided(s, r);
+} &&(!AsyncBackend<B> ||
+     requires(B & b, std::span<const StridedSendMessage> s, std::span<const StridedRecvMessage> r) {
+       { b.start_exchange_strided(s, r) } -> std::same_as<typename B::Request>;
+     });
+
+namespace detail {
 // After an error on this rank: a backend that can abort (`abort(why)`, or NCCL's `abort()`) does,
 // so that the other ranks get an error instead of waiting for this one.
 template <class B>

@@ -255,6 +255,11 @@ class MpiBackend {
   // One all-to-all over several tensors' buffers (BatchedAllToAll): MPI_Ialltoallw with, for
   // each member, one datatype on each side that picks its piece of every part where it lies
   // (absolute addresses from MPI_BOTTOM), so nothing is packed.
+  void exchange_strided(std::span<const StridedSendMessage> sends,
+                        std::span<const StridedRecvMessage> recvs) {
+    Request r = start_exchange_strided(sends, recvs);
+    wait(r);
+  }
   void all_to_all_batched(int mesh_dim, std::span<const AllToAllPart> parts) {
     Request r = start_all_to_all_batched(mesh_dim, parts);
     wait(r);
@@ -388,42 +393,68 @@ class MpiBackend {
     return r;
   }
   Request start_exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
+    std::vector<StridedSendMessage> s;
+    std::vector<StridedRecvMessage> r;
+    s.reserve(sends.size());
+    r.reserve(recvs.size());
+    for (const SendMessage& m : sends) s.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
+    for (const RecvMessage& m : recvs) r.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
+    return start_exchange_strided(s, r);
+  }
+  // A point-to-point round whose messages MPI reads and writes where their runs lie
+  // (StridedExchange): a strided message goes as one MPI_Type_create_hvector datatype, freed
+  // once finished.
+  Request start_exchange_strided(std::span<const StridedSendMessage> sends,
+                                 std::span<const StridedRecvMessage> recvs) {
     constexpr int tag = 0x6474;  // "dt"
     Request request = begin("MPI_Isend/MPI_Irecv");
     // Everything that can be refused is refused before anything is posted: sizes MPI can
     // count, and a send to itself for each receive from itself, in order.
-    for (const SendMessage& m : sends) count_of(m.bytes, "MPI_Isend");
-    for (const RecvMessage& m : recvs) count_of(m.bytes, "MPI_Irecv");
-    std::vector<std::pair<void*, const void*>> self_copies;
+    for (const StridedSendMessage& m : sends) count_of(m.runs.piece_bytes(), "MPI_Isend");
+    for (const StridedRecvMessage& m : recvs) count_of(m.runs.piece_bytes(), "MPI_Irecv");
+    std::vector<std::pair<const StridedRecvMessage*, const StridedSendMessage*>> self_copies;
     std::size_t next_self = 0;
-    for (const RecvMessage& r : recvs) {
-      if (r.peer != rank_ || r.bytes == 0) continue;
+    for (const StridedRecvMessage& r : recvs) {
+      if (r.peer != rank_ || r.runs.piece_bytes() == 0) continue;
       while (next_self < sends.size() &&
-             (sends[next_self].peer != rank_ || sends[next_self].bytes == 0))
+             (sends[next_self].peer != rank_ || sends[next_self].runs.piece_bytes() == 0))
         ++next_self;
-      if (next_self == sends.size() || sends[next_self].bytes != r.bytes)
+      if (next_self == sends.size() || sends[next_self].runs.piece_bytes() != r.runs.piece_bytes())
         throw error("MpiBackend::exchange: a receive from itself has no matching send");
-      self_copies.emplace_back(r.data, sends[next_self++].data);
+      self_copies.emplace_back(&r, &sends[next_self++]);
     }
     std::vector<MPI_Request>& requests = request.requests_;
     requests.reserve(sends.size() + recvs.size());
     const MPI_Comm world = state_->world;
-    for (const RecvMessage& r : recvs)
-      if (r.peer != rank_ && r.bytes != 0)
-        must(MPI_Irecv(r.data, static_cast<int>(r.bytes), MPI_BYTE, r.peer, tag, world,
-                       &requests.emplace_back()),
+    // One contiguous run goes as bytes, more as a datatype of its runs.
+    auto type_of = [&](StridedPieces runs, const char* call, int& count) {
+      count = count_of(runs.piece_bytes(), call);
+      if (!needs_type(runs)) return MPI_Datatype{MPI_BYTE};
+      detail::MpiType& t = request.part_types_.emplace_back();
+      must(MPI_Type_create_hvector(count_of(runs.rows, call), count_of(runs.run_bytes, call),
+                                   static_cast<MPI_Aint>(runs.stride_bytes), MPI_BYTE, t.out()),
+           "MPI_Type_create_hvector");
+      must(MPI_Type_commit(t.handle()), "MPI_Type_commit");
+      count = 1;
+      return t.get();
+    };
+    for (const StridedRecvMessage& r : recvs)
+      if (r.peer != rank_ && r.runs.piece_bytes() != 0) {
+        int count = 0;
+        const MPI_Datatype type = type_of(r.runs, "MPI_Irecv", count);
+        must(MPI_Irecv(r.data, count, type, r.peer, tag, world, &requests.emplace_back()),
              "MPI_Irecv");
-    for (const SendMessage& m : sends)
-      if (m.peer != rank_ && m.bytes != 0)
-        must(MPI_Isend(m.data, static_cast<int>(m.bytes), MPI_BYTE, m.peer, tag, world,
-                       &requests.emplace_back()),
-             "MPI_Isend");
-    std::size_t k = 0;
-    for (const RecvMessage& r : recvs)
-      if (r.peer == rank_ && r.bytes != 0) {
-        std::memcpy(self_copies[k].first, self_copies[k].second, r.bytes);
-        ++k;
       }
+    for (const StridedSendMessage& m : sends)
+      if (m.peer != rank_ && m.runs.piece_bytes() != 0) {
+        int count = 0;
+        const MPI_Datatype type = type_of(m.runs, "MPI_Isend", count);
+        must(MPI_Isend(m.data, count, type, m.peer, tag, world, &requests.emplace_back()),
+             "MPI_Isend");
+      }
+    for (const auto& [to, from] : self_copies)
+      detail::copy_runs([](void* t, const void* f, std::size_t n) { std::memcpy(t, f, n); },
+                        from->data, from->runs, to->data, to->runs, to->runs.piece_bytes());
     return request;
   }
 

@@ -100,7 +100,7 @@ class BasicSimulatedWorld {
     std::vector<std::size_t> size;
     std::vector<StridedPieces> pieces;                 // where an all-to-all's send pieces lie
     std::vector<std::span<const AllToAllPart>> parts;  // a batched all-to-all's
-    std::vector<std::vector<SendMessage>> messages;
+    std::vector<std::vector<StridedSendMessage>> messages;
     std::array<std::vector<const void*>, 3> fence;
     int arrived = 0;
     std::uint64_t generation = 0;
@@ -301,6 +301,28 @@ class BasicSimulatedBackend {
   }
 
   void exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
+    std::vector<StridedSendMessage> s;
+    std::vector<StridedRecvMessage> r;
+    s.reserve(sends.size());
+    r.reserve(recvs.size());
+    for (const SendMessage& m : sends) s.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
+    for (const RecvMessage& m : recvs) r.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
+    exchange_messages(s, r);
+  }
+
+  // exchange with each message where its runs lie (StridedExchange), copied run by run. On
+  // host memory only; a device lane packs, as NCCL does.
+  void exchange_strided(std::span<const StridedSendMessage> sends,
+                        std::span<const StridedRecvMessage> recvs) requires(Lane::memory ==
+                                                                            MemorySpace::host) {
+    exchange_messages(sends, recvs);
+  }
+
+ private:
+  // The n-th receive from a peer matches the n-th send from it to this rank, as MPI matches
+  // them; only a host lane has strided messages.
+  void exchange_messages(std::span<const StridedSendMessage> sends,
+                         std::span<const StridedRecvMessage> recvs) {
     const DeviceMesh& mesh = this->mesh();
     const int n = mesh.size();
     const auto me = static_cast<std::size_t>(mesh.index_of(rank_));
@@ -309,27 +331,34 @@ class BasicSimulatedBackend {
     m.messages[me].assign(sends.begin(), sends.end());
     sync(m, all, 0);
     std::int64_t sent = 0, received = 0;
-    for (const SendMessage& s : sends)
-      if (s.peer != rank_) sent += static_cast<std::int64_t>(s.bytes);
-    for (const RecvMessage& r : recvs) {
-      const auto& theirs = m.messages[static_cast<std::size_t>(mesh.index_of(r.peer))];
-      const SendMessage* match = nullptr;
-      for (const SendMessage& s : theirs)
-        if (s.peer == rank_ && s.bytes == r.bytes && match == nullptr) match = &s;
-      if (match == nullptr) {
+    for (const StridedSendMessage& s : sends)
+      if (s.peer != rank_) sent += static_cast<std::int64_t>(s.runs.piece_bytes());
+    std::vector<std::size_t> matched(static_cast<std::size_t>(n), 0);
+    for (const StridedRecvMessage& r : recvs) {
+      const auto peer = static_cast<std::size_t>(mesh.index_of(r.peer));
+      const auto& theirs = m.messages[peer];
+      const StridedSendMessage* match = nullptr;
+      for (std::size_t k = 0, seen = 0; k < theirs.size() && match == nullptr; ++k)
+        if (theirs[k].peer == rank_ && seen++ == matched[peer]) match = &theirs[k];
+      const std::size_t bytes = r.runs.piece_bytes();
+      if (match == nullptr || match->runs.piece_bytes() != bytes) {
         world_->abort();
         throw error("simulated exchange: rank " + std::to_string(rank_) + " expects " +
-                    std::to_string(r.bytes) + " bytes from rank " + std::to_string(r.peer) +
+                    std::to_string(bytes) + " bytes from rank " + std::to_string(r.peer) +
                     ", which sends no such message");
       }
-      local_ops().copy(r.data, match->data, r.bytes);
-      if (r.peer != rank_) received += static_cast<std::int64_t>(r.bytes);
+      ++matched[peer];
+      if (r.runs.rows > 1 || match->runs.rows > 1) {
+        copy_runs(match->data, match->runs, static_cast<std::byte*>(r.data), r.runs, bytes);
+      } else {
+        local_ops().copy(r.data, match->data, bytes);
+      }
+      if (r.peer != rank_) received += static_cast<std::int64_t>(bytes);
     }
     sync(m, all, 2);
     world_->count(rank_, sent, received, me == 0);
   }
 
- private:
   // Meets the group: deposits this rank's fence token for `phase`, waits for every member, and
   // orders this rank's later work after everything the members issued before meeting.
   void sync(Meeting& m, const MeshGroup& g, int phase) {
@@ -382,19 +411,10 @@ class BasicSimulatedBackend {
   // Copies `bytes` bytes laid out as runs of `from_runs` (run r at r * stride_bytes of `from`)
   // into runs of `to_runs` at `to`: both sides are runs of the same bytes, cut differently, and
   // are walked together.
-  void copy_runs(const void* from, StridedPieces from_runs, std::byte* to, StridedPieces to_runs,
+  void copy_runs(const void* from, StridedPieces from_runs, void* to, StridedPieces to_runs,
                  std::size_t bytes) const {
-    const auto* source = static_cast<const std::byte*>(from);
-    std::size_t from_row = 0, from_at = 0, to_row = 0, to_at = 0;
-    for (std::size_t left = bytes; left > 0;) {
-      const std::size_t n =
-          std::min({from_runs.run_bytes - from_at, to_runs.run_bytes - to_at, left});
-      local_ops().copy(to + to_row * to_runs.stride_bytes + to_at,
-                       source + from_row * from_runs.stride_bytes + from_at, n);
-      left -= n;
-      if ((from_at += n) == from_runs.run_bytes) from_at = 0, ++from_row;
-      if ((to_at += n) == to_runs.run_bytes) to_at = 0, ++to_row;
-    }
+    detail::copy_runs([this](void* t, const void* f, std::size_t n) { local_ops().copy(t, f, n); },
+                      from, from_runs, to, to_runs, bytes);
   }
 
   // Every member's send buffer, `offset` bytes in, in group order.

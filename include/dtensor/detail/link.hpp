@@ -179,6 +179,20 @@ struct ExchangeCall {
   }
 };
 
+// A point-to-point round of strided messages, on a StridedExchange backend.
+struct ExchangeStridedCall {
+  std::span<const StridedSendMessage> sends;
+  std::span<const StridedRecvMessage> recvs;
+  template <class B>
+  void run(B& b) const {
+    b.exchange_strided(sends, recvs);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_exchange_strided(sends, recvs);
+  }
+};
+
 // A backend for one run: blocking operations, or those of the asynchronous run `running`. Each
 // operation is awaited, `co_await link.all_gather(...)`: one never awaited never runs.
 template <class B>
@@ -209,6 +223,12 @@ struct Link {
                                         StridedPieces received) const requires StridedAllToAll<B> {
     return Operation<B, AllToAllStridedCall>(*this, {k, send, recv, sent, received});
   }
+  // Only where the backend sends and receives strided messages itself (StridedExchange).
+  [[nodiscard]] auto exchange_strided(std::span<const StridedSendMessage> sends,
+                                      std::span<const StridedRecvMessage> recvs) const requires
+      StridedExchange<B> {
+    return Operation<B, ExchangeStridedCall>(*this, {sends, recvs});
+  }
   // Only where the backend receives strided pieces itself (StridedAllGather).
   [[nodiscard]] auto all_gather_strided(int k, const void* send, void* recv,
                                         StridedPieces pieces) const requires StridedAllGather<B> {
@@ -228,6 +248,14 @@ concept StridedLink = requires(const L& link, const void* send, void* recv, Stri
 template <class L>
 concept StridedGatherLink = requires(const L& link, const void* send, void* recv, StridedPieces p) {
   link.all_gather_strided(0, send, recv, p);
+};
+
+// A link whose point-to-point round moves strided messages where they lie (a Link on a
+// StridedExchange backend; a batch's link packs).
+template <class L>
+concept StridedExchangeLink = requires(const L& link, std::span<const StridedSendMessage> s,
+                                       std::span<const StridedRecvMessage> r) {
+  link.exchange_strided(s, r);
 };
 
 }  // namespace dtensor::detail

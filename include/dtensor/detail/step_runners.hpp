@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -126,10 +127,49 @@ inline Shape padded_shape(const StepContext& c, Shape shape, int dim, std::int64
 struct LinkAbilities {
   bool strided_all_to_all = false;  // sends and receives strided pieces (StridedLink)
   bool strided_all_gather = false;  // receives an all-gather's strided pieces (StridedGatherLink)
+  bool strided_exchange = false;    // point-to-point messages strided (StridedExchangeLink)
 };
 
 template <class L>
-inline constexpr LinkAbilities abilities_of{StridedLink<L>, StridedGatherLink<L>};
+inline constexpr LinkAbilities abilities_of{StridedLink<L>, StridedGatherLink<L>,
+                                            StridedExchangeLink<L>};
+
+// Where `piece`, a box inside the row-major block `block`, lies in it as runs of one stride:
+// its first byte, and its runs (StridedPieces of one piece). None when its rows are not one
+// stride apart (two dims it cuts short, with a dim it spans whole or not at all between).
+struct PieceRuns {
+  std::size_t offset = 0;
+  StridedPieces runs;
+};
+inline std::optional<PieceRuns> runs_of(const Box& piece, const Box& block, std::size_t elem) {
+  const auto n = static_cast<int>(block.shape.size());
+  if (piece.empty()) return PieceRuns{0, {0, 0, 0}};
+  // A run: the innermost dims the piece spans whole, and the first one it cuts short.
+  int q = n - 1;
+  std::size_t run = elem;
+  while (q >= 0 && piece.shape[q] == block.shape[q])
+    run *= static_cast<std::size_t>(block.shape[q--]);
+  if (q < 0) return PieceRuns{0, {1, run, run}};
+  run *= static_cast<std::size_t>(piece.shape[q]);
+  std::size_t stride = elem;
+  for (int d = q; d < n; ++d) stride *= static_cast<std::size_t>(block.shape[d]);
+  // The rows: the dims before q (those of extent 1 aside), spanned whole up to one the piece
+  // cuts short; every dim before that one, the piece takes one index of.
+  std::size_t rows = 1;
+  int d = q - 1;
+  for (; d >= 0; --d) {
+    if (block.shape[d] == 1) continue;
+    if (piece.shape[d] != block.shape[d]) {
+      rows *= static_cast<std::size_t>(piece.shape[d--]);
+      break;
+    }
+    rows *= static_cast<std::size_t>(piece.shape[d]);
+  }
+  for (; d >= 0; --d)
+    if (piece.shape[d] != 1) return std::nullopt;
+  if (rows == 1) stride = run;
+  return PieceRuns{slab_offset(piece, block, elem), {rows, run, stride}};
+}
 
 // A step's two staging buffers, what it packs to send and what it stages as received (bytes),
 // and which of them lie in the spare room of the caller's target instead of being allocated.
@@ -166,13 +206,51 @@ struct StagingBuffers {
   [[nodiscard]] std::size_t allocated() const { return send_buffer.size() + recv_buffer.size(); }
 };
 
+// The messages of one point-to-point round, each contiguous or strided where it lies.
+struct Messages {
+  std::vector<StridedSendMessage> sends;
+  std::vector<StridedRecvMessage> recvs;
+  void send(int peer, const void* data, std::size_t bytes) {
+    sends.push_back({peer, data, {1, bytes, bytes}});
+  }
+  void send(int peer, const void* data, StridedPieces runs) { sends.push_back({peer, data, runs}); }
+  void recv(int peer, void* data, std::size_t bytes) {
+    recvs.push_back({peer, data, {1, bytes, bytes}});
+  }
+  void recv(int peer, void* data, StridedPieces runs) { recvs.push_back({peer, data, runs}); }
+};
+
+// Runs the round: as strided messages where one is (the ways below choose them only on a link
+// that moves them, abilities_of), as contiguous ones otherwise.
+template <class L>
+Task<void> send_and_receive(L link, const Messages& m) {
+  if constexpr (StridedExchangeLink<L>) {
+    auto strided = [](const auto& x) { return x.runs.rows > 1; };
+    if (std::any_of(m.sends.begin(), m.sends.end(), strided) ||
+        std::any_of(m.recvs.begin(), m.recvs.end(), strided)) {
+      co_await link.exchange_strided(m.sends, m.recvs);
+      co_return;
+    }
+  }
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  sends.reserve(m.sends.size());
+  recvs.reserve(m.recvs.size());
+  for (const StridedSendMessage& x : m.sends)
+    sends.push_back({x.peer, x.data, x.runs.piece_bytes()});
+  for (const StridedRecvMessage& x : m.recvs)
+    recvs.push_back({x.peer, x.data, x.runs.piece_bytes()});
+  co_await link.exchange(sends, recvs);
+}
+
 // How an all-gather moves its pieces on this rank, and the staging that takes (bytes).
 struct GatherWay : Staging {
   Shape piece;                  // native: every member's piece, padded to the largest
   std::size_t piece_bytes = 0;  // native
   bool whole = false;           // native: the block is a whole piece, sent as it is
   bool direct = false;          // pieces land straight in the target (slabs of it)
-  bool strided = false;         // native: pieces land strided in the target (StridedGatherLink)
+  bool strided = false;         // pieces land strided in the target (native: StridedGatherLink;
+                                // exact: StridedExchangeLink)
   std::vector<std::size_t> at;  // exact: where each member's block is staged
 };
 
@@ -196,10 +274,14 @@ inline GatherWay gather_way(const StepContext& c, LinkAbilities a) {
     return w;
   }
   // Exact: every member's block, whatever its size, in one point-to-point round; straight into
-  // the target where the blocks are slabs of it.
+  // the target where the blocks are slabs of it, or, on a link that moves strided messages,
+  // where every block lies in it as runs of one stride (`strided`).
   w.direct = slabs_along(c.want.shape, i);
+  w.strided = !w.direct && a.strided_exchange;
+  for (int j = 0; j < static_cast<int>(g) && w.strided; ++j)
+    w.strided = runs_of(member_box(c, c.before, j), c.want, c.elem).has_value();
   w.at = packed_offsets(c, [&](int j) { return member_box(c, c.before, j); });
-  w.recv = w.direct ? 0 : w.at.back();
+  w.recv = w.direct || w.strided ? 0 : w.at.back();
   w.use_spare(c.spare_bytes);
   return w;
 }
@@ -233,20 +315,24 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
     co_return b.allocated();
   }
   const StagingBuffers b(ops, w, c.spare);
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
+  Messages m;
   for (int j = 0; j < g; ++j) {
     if (j == me) continue;
     const auto u = static_cast<std::size_t>(j);
-    if (!c.have.empty()) sends.push_back({global_rank(c, j), cur, bytes_of(c.have, c.elem)});
+    if (!c.have.empty()) m.send(global_rank(c, j), cur, bytes_of(c.have, c.elem));
     if (w.at[u + 1] == w.at[u]) continue;
-    std::byte* to =
-        w.direct ? out + slab_offset(member_box(c, c.before, j), c.want, c.elem) : b.recv + w.at[u];
-    recvs.push_back({global_rank(c, j), to, w.at[u + 1] - w.at[u]});
+    const Box bj = member_box(c, c.before, j);
+    if (w.strided) {
+      const PieceRuns r = *runs_of(bj, c.want, c.elem);
+      m.recv(global_rank(c, j), out + r.offset, r.runs);
+    } else {
+      m.recv(global_rank(c, j), w.direct ? out + slab_offset(bj, c.want, c.elem) : b.recv + w.at[u],
+             w.at[u + 1] - w.at[u]);
+    }
   }
-  co_await link.exchange(sends, recvs);
+  co_await send_and_receive(link, m);
   for (int j = 0; j < g; ++j) {
-    if (w.direct && j != me) continue;
+    if ((w.direct || w.strided) && j != me) continue;
     const Box bj = member_box(c, c.before, j);
     const std::byte* from = j == me ? cur : b.recv + w.at[static_cast<std::size_t>(j)];
     copy_piece(ops, from, bj, out, c.want, bj, c.elem);
@@ -260,18 +346,26 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
 // One partial lies in the target itself (the reduction reads every part of an element before it
 // writes it): this member's own, copied there, or, where it is reduced from the block, the first
 // other member's, received there.
+// Where the pieces are not slabs, a link that moves strided messages sends them from the
+// block as they lie (`strided`) when every one is runs of one stride.
 struct ExchangeReduceWay : Staging {
   bool slabs = false;
-  std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs)
+  bool strided = false;
+  std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
 };
 
 template <class Piece>
-ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece piece_of) {
-  const auto g = static_cast<std::size_t>(c.plan.src().mesh().size(c.step.mesh_dim));
+ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece piece_of,
+                                      LinkAbilities a) {
+  const int members = c.plan.src().mesh().size(c.step.mesh_dim);
+  const auto g = static_cast<std::size_t>(members);
   ExchangeReduceWay w;
   w.slabs = slabs;
+  w.strided = !slabs && a.strided_exchange;
+  for (int j = 0; j < members && w.strided; ++j)
+    w.strided = j == c.me[c.step.mesh_dim] || runs_of(piece_of(j), c.have, c.elem).has_value();
   w.at = packed_offsets(c, piece_of);
-  w.send = slabs ? 0 : w.at.back();
+  w.send = slabs || w.strided ? 0 : w.at.back();
   w.recv = bytes_of(c.want, c.elem) * (slabs ? g - 2 : g - 1);
   w.use_spare(c.spare_bytes);
   return w;
@@ -287,10 +381,9 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   const int k = c.step.mesh_dim;
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const std::size_t own_bytes = bytes_of(c.want, c.elem);
-  const ExchangeReduceWay w = exchange_reduce_way(c, slabs, piece_of);
+  const ExchangeReduceWay w = exchange_reduce_way(c, slabs, piece_of, abilities_of<L>);
   const StagingBuffers b(ops, w, c.spare);
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
+  Messages m;
   std::vector<const void*> parts(static_cast<std::size_t>(g));
   std::size_t next = 0;  // partials staged so far; the first lies in the target (`out`)
   for (int j = 0; j < g; ++j) {
@@ -306,15 +399,19 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
       continue;
     }
     const Box aj = piece_of(j);
-    const std::byte* piece = cur + (slabs ? slab_offset(aj, c.have, c.elem) : 0);
-    if (!slabs) {
-      piece = b.send + w.at[u];
+    if (aj.empty()) {
+    } else if (w.strided) {
+      const PieceRuns r = *runs_of(aj, c.have, c.elem);
+      m.send(global_rank(c, j), cur + r.offset, r.runs);
+    } else if (slabs) {
+      m.send(global_rank(c, j), cur + slab_offset(aj, c.have, c.elem), w.at[u + 1] - w.at[u]);
+    } else {
       copy_piece(ops, cur, c.have, b.send + w.at[u], aj, aj, c.elem);
+      m.send(global_rank(c, j), b.send + w.at[u], w.at[u + 1] - w.at[u]);
     }
-    if (!aj.empty()) sends.push_back({global_rank(c, j), piece, w.at[u + 1] - w.at[u]});
-    if (own_bytes) recvs.push_back({global_rank(c, j), partial, own_bytes});
+    if (own_bytes) m.recv(global_rank(c, j), partial, own_bytes);
   }
-  co_await link.exchange(sends, recvs);
+  co_await send_and_receive(link, m);
   ops.reduce(c.plan.src().dtype(), out, parts, static_cast<std::size_t>(c.want.numel()),
              c.step.before[k].reduce_op());
   co_return b.allocated();
@@ -343,6 +440,17 @@ inline ScatterWay scatter_way(const StepContext& c) {
   return w;
 }
 
+// Whether a reduce-scatter runs as one point-to-point round (run_exchange_reduce) rather than
+// the native collective: its pieces are uneven and unpadded, or, on a link that moves strided
+// messages, they are not slabs of the block, so that they go where they lie instead of packed
+// (the native collective packs the block, the round stages the partials of all but this
+// member's piece).
+inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
+  if (c.step.padded) return false;
+  if (!c.even) return true;
+  return a.strided_exchange && !slabs_along(c.have.shape, c.step.after[c.step.mesh_dim].dim());
+}
+
 template <class L, class Ops>
 Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& c,
                                      const std::byte* cur, std::byte* out) {
@@ -351,7 +459,7 @@ Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& 
   const ReduceOp op = c.step.before[k].reduce_op();
   const DType dtype = c.plan.src().dtype();
   const Shape origin(c.want.shape.size(), 0);
-  if (c.even || c.step.padded) {
+  if (!scatters_by_messages(c, abilities_of<L>)) {
     const ScatterWay w = scatter_way(c);
     const StagingBuffers b(ops, w, c.spare);
     if (c.even && !w.direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, b.send, c.elem);
@@ -377,9 +485,10 @@ struct AllToAllWay : Staging {
   Shape piece;                  // native: every piece, padded to the largest
   std::size_t piece_bytes = 0;  // native
   bool direct_send = false;     // the pieces are slabs of the block: sent as they lie
-  bool strided_send = false;    // native: sent strided from the block (StridedLink)
+  bool strided_send = false;    // sent strided from the block (native: StridedLink; exact:
+                                // StridedExchangeLink)
   bool direct_recv = false;     // the pieces are slabs of the target: received there
-  bool strided_recv = false;    // native: received strided into the target (StridedLink)
+  bool strided_recv = false;    // received strided into the target (as strided_send)
   // Native, even, packed and staged on both sides: the pieces are packed into the target (of
   // the same size), which nothing else uses until the received pieces are unpacked into it.
   bool pack_in_target = false;
@@ -417,14 +526,22 @@ inline AllToAllWay all_to_all_way(const StepContext& c, LinkAbilities a, bool in
   // Exact: what each member sends packed at its offset, what it receives staged at another;
   // sent from the block as it lies where the pieces are slabs of it, received into the target
   // where they are slabs of that.
+  // Elsewhere, a link that moves strided messages takes them where they lie as runs of one
+  // stride (strided_send, strided_recv) when every piece is.
+  auto to = [&](int j) { return intersect(c.have, member_box(c, c.after, j)); };
+  auto from = [&](int j) { return intersect(member_box(c, c.before, j), c.want); };
   w.direct_send = slabs_along(c.have.shape, j_dim);
   w.direct_recv = slabs_along(c.want.shape, i);
-  w.send_at =
-      packed_offsets(c, [&](int j) { return intersect(c.have, member_box(c, c.after, j)); });
-  w.recv_at =
-      packed_offsets(c, [&](int j) { return intersect(member_box(c, c.before, j), c.want); });
-  w.send = w.direct_send ? 0 : w.send_at.back();
-  w.recv = w.direct_recv ? 0 : w.recv_at.back();
+  w.strided_send = !w.direct_send && a.strided_exchange;
+  w.strided_recv = !w.direct_recv && a.strided_exchange;
+  for (int j = 0; j < static_cast<int>(g); ++j) {
+    w.strided_send = w.strided_send && runs_of(to(j), c.have, c.elem).has_value();
+    w.strided_recv = w.strided_recv && runs_of(from(j), c.want, c.elem).has_value();
+  }
+  w.send_at = packed_offsets(c, to);
+  w.recv_at = packed_offsets(c, from);
+  w.send = w.direct_send || w.strided_send ? 0 : w.send_at.back();
+  w.recv = w.direct_recv || w.strided_recv ? 0 : w.recv_at.back();
   w.use_spare(c.spare_bytes);
   return w;
 }
@@ -469,8 +586,7 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
     co_return b.allocated();
   }
   const StagingBuffers b(ops, w, c.spare);
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
+  Messages m;
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
     const Box to_j = intersect(c.have, member_box(c, c.after, j));
@@ -478,23 +594,31 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
       copy_piece(ops, cur, c.have, out, c.want, to_j, c.elem);
       continue;
     }
-    if (w.send_at[u + 1] > w.send_at[u]) {
-      const std::byte* piece = cur + (w.direct_send ? slab_offset(to_j, c.have, c.elem) : 0);
-      if (!w.direct_send) {
-        piece = b.send + w.send_at[u];
-        copy_piece(ops, cur, c.have, b.send + w.send_at[u], to_j, to_j, c.elem);
-      }
-      sends.push_back({global_rank(c, j), piece, w.send_at[u + 1] - w.send_at[u]});
+    const std::size_t send_bytes = w.send_at[u + 1] - w.send_at[u];
+    if (send_bytes == 0) {
+    } else if (w.strided_send) {
+      const PieceRuns r = *runs_of(to_j, c.have, c.elem);
+      m.send(global_rank(c, j), cur + r.offset, r.runs);
+    } else if (w.direct_send) {
+      m.send(global_rank(c, j), cur + slab_offset(to_j, c.have, c.elem), send_bytes);
+    } else {
+      copy_piece(ops, cur, c.have, b.send + w.send_at[u], to_j, to_j, c.elem);
+      m.send(global_rank(c, j), b.send + w.send_at[u], send_bytes);
     }
-    if (w.recv_at[u + 1] > w.recv_at[u]) {
-      const Box from_j = intersect(member_box(c, c.before, j), c.want);
-      std::byte* to =
-          w.direct_recv ? out + slab_offset(from_j, c.want, c.elem) : b.recv + w.recv_at[u];
-      recvs.push_back({global_rank(c, j), to, w.recv_at[u + 1] - w.recv_at[u]});
+    const std::size_t recv_bytes = w.recv_at[u + 1] - w.recv_at[u];
+    if (recv_bytes == 0) continue;
+    const Box from_j = intersect(member_box(c, c.before, j), c.want);
+    if (w.strided_recv) {
+      const PieceRuns r = *runs_of(from_j, c.want, c.elem);
+      m.recv(global_rank(c, j), out + r.offset, r.runs);
+    } else {
+      m.recv(global_rank(c, j),
+             w.direct_recv ? out + slab_offset(from_j, c.want, c.elem) : b.recv + w.recv_at[u],
+             recv_bytes);
     }
   }
-  co_await link.exchange(sends, recvs);
-  for (int j = 0; j < g && !w.direct_recv; ++j) {
+  co_await send_and_receive(link, m);
+  for (int j = 0; j < g && !w.direct_recv && !w.strided_recv; ++j) {
     if (j == me) continue;
     const Box from_j = intersect(member_box(c, c.before, j), c.want);
     copy_piece(ops, b.recv + w.recv_at[static_cast<std::size_t>(j)], from_j, out, c.want, from_j,
@@ -524,40 +648,55 @@ inline bool contiguous_in(const Box& piece, const Box& block) {
 }
 
 // How an exchange moves its pieces on this rank: the pieces to and from other ranks, each sent
-// from the block or received into the target where it is one contiguous run there, and packed
-// or staged one after another otherwise; this rank's own pieces are copied.
+// from the block or received into the target where it lies there (one contiguous run, or, on a
+// link that moves strided messages, runs of one stride), packed or staged one after another
+// otherwise; this rank's own pieces are copied.
 struct ExchangeWay : Staging {
   struct Piece {
     int peer = 0;
     Box box;
-    std::size_t at = 0;     // offset in the packing or staging buffer
-    bool in_place = false;  // a contiguous run of the block (sent) or the target (received)
+    std::size_t at = 0;     // offset in the block or target (in place), else in the staging
+    bool in_place = false;  // where it lies in the block (sent) or the target (received)
+    StridedPieces runs;     // in place: its runs there; else one run
   };
   std::vector<Piece> outgoing, incoming;
   std::vector<Box> own;
 };
 
-inline ExchangeWay exchange_way(const StepContext& c) {
+// The piece as it moves: in place in `block` where it lies as one run or (`strided`) as runs of
+// one stride; else at `staged` bytes into the staging, which it then extends.
+inline ExchangeWay::Piece exchange_piece(int peer, const Box& piece, const Box& block,
+                                         std::size_t elem, bool strided, std::size_t& staged) {
+  const std::size_t bytes = bytes_of(piece, elem);
+  if (contiguous_in(piece, block))
+    return {peer, piece, slab_offset(piece, block, elem), true, {1, bytes, bytes}};
+  if (strided)
+    if (const std::optional<PieceRuns> r = runs_of(piece, block, elem))
+      return {peer, piece, r->offset, true, r->runs};
+  ExchangeWay::Piece p{peer, piece, staged, false, {1, bytes, bytes}};
+  staged += bytes;
+  return p;
+}
+
+inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
   const Layout& base = c.plan.src();
   const DeviceMesh& mesh = base.mesh();
   ExchangeWay w;
-  for_each_exchange_target(base, c.step.before, c.step.after, c.me,
-                           [&](const MeshCoord& receiver, const Box& piece) {
-                             if (receiver == c.me) return;
-                             const bool run = contiguous_in(piece, c.have);
-                             w.outgoing.push_back({mesh.rank(receiver), piece, w.send, run});
-                             if (!run) w.send += bytes_of(piece, c.elem);
-                           });
-  for_each_exchange_source(base, c.step.before, c.step.after, c.me,
-                           [&](const MeshCoord& source, const Box& piece) {
-                             if (source == c.me) {
-                               w.own.push_back(piece);
-                               return;
-                             }
-                             const bool run = contiguous_in(piece, c.want);
-                             w.incoming.push_back({mesh.rank(source), piece, w.recv, run});
-                             if (!run) w.recv += bytes_of(piece, c.elem);
-                           });
+  for_each_exchange_target(
+      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& receiver, const Box& piece) {
+        if (receiver == c.me) return;
+        w.outgoing.push_back(
+            exchange_piece(mesh.rank(receiver), piece, c.have, c.elem, a.strided_exchange, w.send));
+      });
+  for_each_exchange_source(
+      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& source, const Box& piece) {
+        if (source == c.me) {
+          w.own.push_back(piece);
+          return;
+        }
+        w.incoming.push_back(
+            exchange_piece(mesh.rank(source), piece, c.want, c.elem, a.strided_exchange, w.recv));
+      });
   w.use_spare(c.spare_bytes);
   return w;
 }
@@ -565,25 +704,19 @@ inline ExchangeWay exchange_way(const StepContext& c) {
 template <class L, class Ops>
 Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
                                std::byte* out) {
-  const ExchangeWay w = exchange_way(c);
+  const ExchangeWay w = exchange_way(c, abilities_of<L>);
   for (const Box& piece : w.own) copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
   const StagingBuffers b(ops, w, c.spare);
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  sends.reserve(w.outgoing.size());
-  recvs.reserve(w.incoming.size());
+  Messages m;
+  m.sends.reserve(w.outgoing.size());
+  m.recvs.reserve(w.incoming.size());
   for (const ExchangeWay::Piece& p : w.outgoing) {
-    const std::byte* from = cur + slab_offset(p.box, c.have, c.elem);
-    if (!p.in_place) {
-      copy_piece(ops, cur, c.have, b.send + p.at, p.box, p.box, c.elem);
-      from = b.send + p.at;
-    }
-    sends.push_back({p.peer, from, bytes_of(p.box, c.elem)});
+    if (!p.in_place) copy_piece(ops, cur, c.have, b.send + p.at, p.box, p.box, c.elem);
+    m.send(p.peer, (p.in_place ? cur : b.send) + p.at, p.runs);
   }
   for (const ExchangeWay::Piece& p : w.incoming)
-    recvs.push_back({p.peer, p.in_place ? out + slab_offset(p.box, c.want, c.elem) : b.recv + p.at,
-                     bytes_of(p.box, c.elem)});
-  co_await link.exchange(sends, recvs);
+    m.recv(p.peer, (p.in_place ? out : b.recv) + p.at, p.runs);
+  co_await send_and_receive(link, m);
   for (const ExchangeWay::Piece& p : w.incoming)
     if (!p.in_place) copy_piece(ops, b.recv + p.at, p.box, out, c.want, p.box, c.elem);
   co_return b.allocated();
@@ -608,17 +741,20 @@ inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_p
   switch (c.step.kind) {
     case StepKind::all_gather: return gather_way(c, a).allocated();
     case StepKind::reduce_scatter: {
-      if (c.even || c.step.padded) return scatter_way(c).allocated();
+      if (!scatters_by_messages(c, a)) return scatter_way(c).allocated();
       const int k = c.step.mesh_dim, j_dim = c.step.after[k].dim();
-      return exchange_reduce_way(c, slabs_along(c.have.shape, j_dim),
-                                 [&c](int j) { return member_box(c, c.after, j); })
+      return exchange_reduce_way(
+                 c, slabs_along(c.have.shape, j_dim),
+                 [&c](int j) { return member_box(c, c.after, j); }, a)
           .allocated();
     }
     case StepKind::all_reduce:
-      return c.messages ? exchange_reduce_way(c, true, [&c](int) { return c.have; }).allocated()
+      return c.messages ? exchange_reduce_way(
+                              c, true, [&c](int) { return c.have; }, a)
+                              .allocated()
                         : 0;
     case StepKind::all_to_all: return all_to_all_way(c, a, in_place).allocated();
-    case StepKind::exchange: return exchange_way(c).allocated();
+    case StepKind::exchange: return exchange_way(c, a).allocated();
     default: return 0;
   }
 }
