@@ -576,6 +576,17 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
       CHECK(strided_most < packed_most);
       CHECK(strided_most == workspace_bytes<SimulatedBackend>(plan));
     }
+  // Dim 0 cut 2 and 1: the reduce-scatter's pieces are slabs on some ranks and not on others,
+  // and every rank still takes the same round (found by the fuzzer).
+  const DeviceMesh mesh({2, 2});
+  const Plan mixed = plan_redistribute(
+      Layout(mesh, parse_placements("P(product),S(0)"), {3, 10, 2, 2}, DType::i64),
+      Layout(mesh, parse_placements("S(0),R"), {3, 10, 2, 2}, DType::i64),
+      {.objective = Objective::bytes});
+  INFO(explain(mixed));
+  const Verification v = verify_on_simulator(mixed);
+  CHECK(v.verified);
+  CHECK(v.difference == "");
 }
 
 TEST_CASE("runs of one stride: where a box lies in a row-major block", "[execute][strided]") {
@@ -716,6 +727,32 @@ TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][pla
     const Verification v = verify_on_simulator(bytes);
     CHECK(v.difference == "");
     CHECK(v.verified);
+  }
+}
+
+TEST_CASE("a step that runs in place reuses the scratch of the block before", "[execute][memory]") {
+  // (P(sum), P(max)) -> (P(max), S(0)): the all-reduce writes a block larger than the target
+  // into scratch, and the scale after it runs in that scratch, so one block is held, not two.
+  const DeviceMesh mesh({2, 2});
+  for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
+    const Plan plan = plan_redistribute(
+        Layout(mesh, parse_placements("P(sum),P(max)"), {8, 16}, dtype),
+        Layout(mesh, parse_placements("P(max),S(0)"), {8, 16}, dtype), {.memory = Memory::bounded});
+    INFO(explain(plan));
+    REQUIRE(plan.size() == 3);
+    REQUIRE(plan[1].kind == StepKind::scale);
+    const MeshCoord origin{0, 0};
+    const detail::BlockPlacement placed = detail::place_blocks(plan, origin, 0, {});
+    CHECK(placed.reuses == 2u);  // the scale's block
+    const std::int64_t block = 8 * 16 * size_of(dtype);
+    CHECK(placed.peak == block);
+    CHECK(workspace_bytes(plan) == block);
+    const Verification v = verify_on_simulator(plan);
+    CHECK(v.verified);
+    CHECK(v.difference == "");
+    const SimulatedRun run =
+        detail::visit_dtype(dtype, [&]<class T>() { return run_simulated<T>(plan, false); });
+    for (std::int64_t peak : run.scratch_peak) CHECK(peak == block);
   }
 }
 

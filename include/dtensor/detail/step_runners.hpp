@@ -442,13 +442,18 @@ inline ScatterWay scatter_way(const StepContext& c) {
 
 // Whether a reduce-scatter runs as one point-to-point round (run_exchange_reduce) rather than
 // the native collective: its pieces are uneven and unpadded, or, on a link that moves strided
-// messages, they are not slabs of the block, so that they go where they lie instead of packed
-// (the native collective packs the block, the round stages the partials of all but this
-// member's piece).
+// messages, they need not be slabs of the block (a tensor dim before the scattered one is
+// longer than 1), so that they go where they lie instead of packed (the native collective
+// packs the block, the round stages the partials of all but this member's piece). The choice
+// is the same on every rank: it reads only the step and the global shape.
 inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
   if (c.step.padded) return false;
   if (!c.even) return true;
-  return a.strided_exchange && !slabs_along(c.have.shape, c.step.after[c.step.mesh_dim].dim());
+  if (!a.strided_exchange) return false;
+  const int j_dim = c.step.after[c.step.mesh_dim].dim();
+  for (int d = 0; d < j_dim; ++d)
+    if (c.plan.src().global_shape()[d] > 1) return true;
+  return false;
 }
 
 template <class L, class Ops>
@@ -856,10 +861,12 @@ inline StepContext step_context(const Plan& plan, std::size_t i, const MeshCoord
 // takes: the block after step i lives in the caller's target when bit i of `in_target` is set
 // (it fits there, and the step before and the step after either use another buffer or run in
 // place, runs_in_place), in scratch of its own size otherwise, allocated by the step that
-// writes it and freed after the step that reads it. A step that neither reads nor writes the
-// target may stage in it (StepContext::spare).
+// writes it and freed after the step that reads it, or, when bit i of `reuses` is set, in the
+// scratch of the block before, which step i runs in place on. A step that neither reads nor
+// writes the target may stage in it (StepContext::spare).
 struct BlockPlacement {
   std::uint32_t in_target = 0;
+  std::uint32_t reuses = 0;
   // The most scratch held at once: the blocks in scratch around a step plus its staging.
   std::int64_t peak = 0;
 };
@@ -875,12 +882,12 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
   const std::size_t target = bytes_of(plan.dst().local_box(me), elem);
   struct State {
     std::int64_t peak = 0;
-    std::uint32_t in_target = 0;
+    std::uint32_t in_target = 0, reuses = 0;
     bool reachable = false;
   };
   // states[s]: the best placement so far with the block before this stage in scratch (0) or in
   // the target (1); the source is read in place, as a scratch block of no bytes.
-  State states[2] = {{0, 0, true}, {}};
+  State states[2] = {{0, 0, 0, true}, {}};
   std::size_t before = 0;  // scratch bytes of the block before this stage, if in scratch
   for (std::size_t i = 0; i < n; ++i) {
     const Stage& stage = stages[i];
@@ -891,9 +898,16 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
     c.spare_bytes = target;  // the target free during the stage: its room is spare
     const std::size_t staging_spare = fused ? 0 : step_staging(c, a);
+    const std::size_t staging_spare_in_place = in_place ? step_staging(c, a, true) : 0;
     const std::size_t block = bytes_of(c.want, elem);
     const bool last = i + 1 == n;
     State next[2] = {};
+    auto consider = [&](int t, const State& from, std::size_t held, bool reuse) {
+      const std::int64_t peak = std::max(from.peak, static_cast<std::int64_t>(held));
+      if (!next[t].reachable || peak < next[t].peak)
+        next[t] = {peak, from.in_target | (t == 1 && !last ? 1u << stage.last : 0u),
+                   from.reuses | (reuse ? 1u << stage.last : 0u), true};
+    };
     for (int t = 1; t >= 0; --t) {  // the block after the stage: in the target (1) or scratch (0)
       if (last ? t == 0 : t == 1 && block > target) continue;
       for (int s = 0; s < 2; ++s) {
@@ -902,17 +916,18 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
                                  (s == 1   ? t == 1 ? staging_in_place : staging
                                   : t == 0 ? staging_spare
                                            : staging);
-        const std::int64_t peak = std::max(states[s].peak, static_cast<std::int64_t>(held));
-        if (!next[t].reachable || peak < next[t].peak)
-          next[t] = {peak, states[s].in_target | (t == 1 && !last ? 1u << stage.last : 0u), true};
+        consider(t, states[s], held, false);
       }
+      // In place in the scratch of the block before (not the source: i > 0), the target spare.
+      if (t == 0 && !last && in_place && i > 0 && states[0].reachable && before == block)
+        consider(0, states[0], before + staging_spare_in_place, true);
     }
     states[0] = next[0];
     states[1] = next[1];
     before = block;
   }
   const State& best = states[1];
-  return {best.in_target, best.peak};
+  return {best.in_target, best.reuses, best.peak};
 }
 
 // Every step of `plan` on the rank at `me`: reads its source block from `src`, writes its
@@ -932,8 +947,9 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
   }
   Stage stages[max_plan_steps];
   const std::size_t n = stages_of(plan, stages);
-  const std::uint32_t in_target =
-      n > 1 ? place_blocks(plan, me, point_to_point, abilities_of<L>).in_target : 0;
+  const BlockPlacement placed =
+      n > 1 ? place_blocks(plan, me, point_to_point, abilities_of<L>) : BlockPlacement{};
+  const std::uint32_t in_target = placed.in_target;
   const std::byte* cur = src;
   // The scratch blocks before and after the stage that runs (place_blocks).
   using Buffer = std::remove_cvref_t<decltype(ops.allocate(0))>;
@@ -945,7 +961,13 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
     // in the target too, and may stage in the target when neither is.
     std::byte* out = dst;
     if (stage + 1 < n && (in_target >> i & 1u) == 0) {
-      after = ops.allocate(bytes_of(c.want, elem));
+      // In place in the block before's scratch, or in a scratch block of its own.
+      if ((placed.reuses >> i & 1u) != 0) {
+        after = std::move(before);
+        before = Buffer{};
+      } else {
+        after = ops.allocate(bytes_of(c.want, elem));
+      }
       out = after.data();
       if (stage == 0 || (in_target >> stages[stage - 1].last & 1u) == 0) {
         c.spare = dst;
