@@ -55,6 +55,52 @@ Redistribution random_tensor(std::mt19937& rng, const DeviceMesh& mesh) {
   return {Layout(mesh, placements(), shape, dtype), Layout(mesh, placements(), shape, dtype)};
 }
 
+using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+
+// A batch run on simulated ranks with every tensor's global view as its data, through a backend
+// without strided or batched calls when `packing`: the most scratch a rank held, and the
+// tensors that differ from their target blocks.
+struct BatchRun {
+  std::int64_t most = 0;
+  std::vector<std::string> wrong;
+};
+template <std::size_t N>
+BatchRun run_batch(const BatchPlan<N>& b, bool packing) {
+  auto bytes_of_block = [](const Layout& l, int rank) {
+    return detail::visit_dtype(l.dtype(), [&]<class T>() {
+      const std::vector<T> v = global_view_block<T>(l, rank);
+      const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
+      return std::vector<std::byte>(bytes, bytes + v.size() * sizeof(T));
+    });
+  };
+  BatchRun out;
+  std::mutex lock;
+  SimulatedWorld world(b[0].src().mesh());
+  world.run([&](SimulatedBackend& simulated) {
+    const int rank = simulated.rank();
+    std::vector<std::vector<std::byte>> in, result;
+    std::vector<TensorBuffers> buffers;
+    for (const Plan& p : b) {
+      in.push_back(bytes_of_block(p.src(), rank));
+      result.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+      buffers.push_back(
+          {in.back().data(), in.back().size(), result.back().data(), result.back().size()});
+    }
+    ExecuteStats stats;
+    PackingBackend forward(simulated);
+    if (packing)
+      execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
+    else
+      execute(b, simulated, std::span<const TensorBuffers>(buffers), &stats);
+    const std::scoped_lock guard(lock);
+    out.most = std::max(out.most, stats.scratch_peak_bytes);
+    for (std::size_t t = 0; t < b.size(); ++t)
+      if (result[t] != bytes_of_block(b[t].dst(), rank))
+        out.wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("a batch of one tensor is its plan", "[batch]") {
@@ -234,7 +280,6 @@ TEST_CASE("strided pieces packed by the round, on backends with and without stri
           "[batch][strided]") {
   // Column pieces (S(0) -> S(1), S(1) -> S(0), S(1) -> R): the round packs them from where they
   // lie, with other tensors or alone; alone on a backend without strided calls too.
-  using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
   static_assert(!StridedAllToAll<PackingBackend> && !StridedAllGather<PackingBackend>);
   const DeviceMesh mesh({4});
   const auto layout = [&](std::string_view p, Shape shape, DType dtype) {
@@ -253,42 +298,7 @@ TEST_CASE("strided pieces packed by the round, on backends with and without stri
     for (const bool packing : {false, true}) {
       const BatchPlan<16> b = plan_batch<16>(tensors);
       INFO(fmt::format("{} tensors, packing backend: {}", tensors.size(), packing));
-      std::int64_t most = 0;
-      std::mutex lock;
-      std::vector<std::string> wrong;
-      SimulatedWorld world(mesh);
-      world.run([&](SimulatedBackend& simulated) {
-        const int rank = simulated.rank();
-        std::vector<std::vector<std::byte>> in, out;
-        std::vector<TensorBuffers> buffers;
-        for (const Plan& p : b) {
-          in.push_back(detail::visit_dtype(p.src().dtype(), [&]<class T>() {
-            const std::vector<T> v = global_view_block<T>(p.src(), rank);
-            const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
-            return std::vector<std::byte>(bytes, bytes + v.size() * sizeof(T));
-          }));
-          out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
-          buffers.push_back(
-              {in.back().data(), in.back().size(), out.back().data(), out.back().size()});
-        }
-        ExecuteStats stats;
-        PackingBackend forward(simulated);
-        if (packing)
-          execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
-        else
-          execute(b, simulated, std::span<const TensorBuffers>(buffers), &stats);
-        const std::scoped_lock guard(lock);
-        most = std::max(most, stats.scratch_peak_bytes);
-        for (std::size_t t = 0; t < b.size(); ++t) {
-          const std::vector<std::byte> expected =
-              detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
-                const std::vector<T> v = global_view_block<T>(b[t].dst(), rank);
-                const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
-                return std::vector<std::byte>(bytes, bytes + v.size() * sizeof(T));
-              });
-          if (out[t] != expected) wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
-        }
-      });
+      const auto [most, wrong] = run_batch(b, packing);
       CHECK(wrong.empty());
       CHECK(most <=
             (packing ? workspace_bytes<PackingBackend>(b) : workspace_bytes<SimulatedBackend>(b)));
@@ -303,7 +313,6 @@ TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a bac
   // column pieces, four dtypes. A BatchedAllToAll backend runs the round from the tensors'
   // buffers as they lie; a backend without it packs both sides.
   static_assert(BatchedAllToAll<SimulatedBackend>);
-  using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
   static_assert(!BatchedAllToAll<PackingBackend>);
   const DeviceMesh mesh({2, 4});
   const std::vector<Redistribution> tensors = {
@@ -321,27 +330,8 @@ TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a bac
   CHECK(v.verified);
   CHECK(v.collectives == 2);  // one all-to-all per group of mesh dim 1
   for (const bool packing : {false, true}) {
-    std::int64_t most = 0;
-    std::mutex lock;
-    SimulatedWorld world(mesh);
-    world.run([&](SimulatedBackend& simulated) {
-      std::vector<std::vector<std::byte>> in, out;
-      std::vector<TensorBuffers> buffers;
-      for (const Plan& p : b) {
-        in.emplace_back(static_cast<std::size_t>(p.src().local_bytes(simulated.rank())));
-        out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(simulated.rank())));
-        buffers.push_back(
-            {in.back().data(), in.back().size(), out.back().data(), out.back().size()});
-      }
-      ExecuteStats stats;
-      PackingBackend forward(simulated);
-      if (packing)
-        execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
-      else
-        execute(b, simulated, std::span<const TensorBuffers>(buffers), &stats);
-      const std::scoped_lock guard(lock);
-      most = std::max(most, stats.scratch_peak_bytes);
-    });
+    const auto [most, wrong] = run_batch(b, packing);
+    CHECK(wrong.empty());
     INFO("packing backend: " << packing);
     CHECK(most == (packing ? workspace_bytes(b) : 0));
   }

@@ -458,6 +458,31 @@ SimulatedRun run_simulated(const Plan& plan, bool packing) {
   return run;
 }
 
+// `plan` run with strided calls and packing, checked for what must agree: the same bits, every
+// rank's bytes measured equal to those planned, and each run's scratch exactly what the
+// executor plans for its backend.
+std::pair<SimulatedRun, SimulatedRun> run_strided_and_packed(const Plan& plan) {
+  auto runs = detail::visit_dtype(plan.src().dtype(), [&]<class T>() {
+    return std::pair{run_simulated<T>(plan, false), run_simulated<T>(plan, true)};
+  });
+  const auto& [strided, packed] = runs;
+  CHECK(strided.results == packed.results);
+  const DeviceMesh& mesh = plan.src().mesh();
+  for (int i = 0; i < mesh.size(); ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    CHECK(strided.measured[u] == rank_bytes(plan, mesh.rank_at(i)));
+    CHECK(packed.measured[u] == strided.measured[u]);
+    const MeshCoord at = mesh.coordinate(mesh.rank_at(i));
+    CHECK(strided.scratch_peak[u] ==
+          detail::rank_workspace_bytes(plan, at, 0,
+                                       detail::abilities_of<detail::Link<SimulatedBackend>>));
+    CHECK(packed.scratch_peak[u] ==
+          detail::rank_workspace_bytes(plan, at, 0,
+                                       detail::abilities_of<detail::Link<PackingBackend>>));
+  }
+  return runs;
+}
+
 }  // namespace
 
 TEST_CASE("pieces sent and received strided, without packing", "[execute][strided]") {
@@ -497,24 +522,10 @@ TEST_CASE("pieces sent and received strided, without packing", "[execute][stride
       const Verification v = verify_on_simulator(plan);
       CHECK(v.verified);
       CHECK(v.difference == "");
-      const auto [strided, packed] = detail::visit_dtype(dtype, [&]<class T>() {
-        return std::pair{run_simulated<T>(plan, false), run_simulated<T>(plan, true)};
-      });
       // The same bits and bytes as packing first; less scratch where the pieces are strided.
-      CHECK(strided.results == packed.results);
+      const auto [strided, packed] = run_strided_and_packed(plan);
       CHECK(strided.results == v.results);
-      for (int i = 0; i < mesh.size(); ++i) {
-        const auto u = static_cast<std::size_t>(i);
-        CHECK(strided.measured[u] == rank_bytes(plan, mesh.rank_at(i)));
-        CHECK(packed.measured[u] == strided.measured[u]);
-        // Exactly the scratch the executor plans for each backend.
-        const MeshCoord at = mesh.coordinate(mesh.rank_at(i));
-        CHECK(strided.scratch_peak[u] ==
-              detail::rank_workspace_bytes(plan, at, 0,
-                                           detail::abilities_of<detail::Link<SimulatedBackend>>));
-        CHECK(packed.scratch_peak[u] ==
-              detail::rank_workspace_bytes(plan, at, 0,
-                                           detail::abilities_of<detail::Link<PackingBackend>>));
+      for (std::size_t u = 0; u < strided.scratch_peak.size(); ++u) {
         if (c.strided)
           CHECK(strided.scratch_peak[u] < packed.scratch_peak[u]);
         else
@@ -554,25 +565,11 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
       const Verification v = verify_on_simulator(plan);
       CHECK(v.verified);
       CHECK(v.difference == "");
-      const auto [strided, packed] = detail::visit_dtype(dtype, [&]<class T>() {
-        return std::pair{run_simulated<T>(plan, false), run_simulated<T>(plan, true)};
-      });
-      CHECK(strided.results == packed.results);
-      std::int64_t strided_most = 0, packed_most = 0;
-      for (int i = 0; i < mesh.size(); ++i) {
-        const auto u = static_cast<std::size_t>(i);
-        CHECK(strided.measured[u] == rank_bytes(plan, mesh.rank_at(i)));
-        CHECK(packed.measured[u] == strided.measured[u]);
-        const MeshCoord at = mesh.coordinate(mesh.rank_at(i));
-        CHECK(strided.scratch_peak[u] ==
-              detail::rank_workspace_bytes(plan, at, 0,
-                                           detail::abilities_of<detail::Link<SimulatedBackend>>));
-        CHECK(packed.scratch_peak[u] ==
-              detail::rank_workspace_bytes(plan, at, 0,
-                                           detail::abilities_of<detail::Link<PackingBackend>>));
-        strided_most = std::max(strided_most, strided.scratch_peak[u]);
-        packed_most = std::max(packed_most, packed.scratch_peak[u]);
-      }
+      const auto [strided, packed] = run_strided_and_packed(plan);
+      const std::int64_t strided_most =
+          *std::max_element(strided.scratch_peak.begin(), strided.scratch_peak.end());
+      const std::int64_t packed_most =
+          *std::max_element(packed.scratch_peak.begin(), packed.scratch_peak.end());
       CHECK(strided_most < packed_most);
       CHECK(strided_most == workspace_bytes<SimulatedBackend>(plan));
     }

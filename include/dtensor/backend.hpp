@@ -263,6 +263,24 @@ struct StridedRecvMessage {
   StridedPieces runs;
 };
 
+namespace detail {
+// The messages of a point-to-point round as strided ones, each one contiguous run: how a
+// StridedExchange backend runs `exchange` through `exchange_strided`.
+struct StridedRound {
+  std::vector<StridedSendMessage> sends;
+  std::vector<StridedRecvMessage> recvs;
+};
+inline StridedRound as_strided(std::span<const SendMessage> sends,
+                               std::span<const RecvMessage> recvs) {
+  StridedRound out;
+  out.sends.reserve(sends.size());
+  out.recvs.reserve(recvs.size());
+  for (const SendMessage& m : sends) out.sends.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
+  for (const RecvMessage& m : recvs) out.recvs.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
+  return out;
+}
+}  // namespace detail
+
 // A backend whose point-to-point round sends and receives strided messages where they lie
 // (optional: execute() packs and unpacks them and calls exchange where a backend lacks it).
 // `exchange_strided(sends, recvs)` is `exchange` of the same messages made contiguous. An

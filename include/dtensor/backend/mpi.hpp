@@ -393,13 +393,8 @@ class MpiBackend {
     return r;
   }
   Request start_exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
-    std::vector<StridedSendMessage> s;
-    std::vector<StridedRecvMessage> r;
-    s.reserve(sends.size());
-    r.reserve(recvs.size());
-    for (const SendMessage& m : sends) s.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
-    for (const RecvMessage& m : recvs) r.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
-    return start_exchange_strided(s, r);
+    const detail::StridedRound round = detail::as_strided(sends, recvs);
+    return start_exchange_strided(round.sends, round.recvs);
   }
   // A point-to-point round whose messages MPI reads and writes where their runs lie
   // (StridedExchange): a strided message goes as one MPI_Type_create_hvector datatype, freed

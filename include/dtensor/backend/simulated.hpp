@@ -301,13 +301,8 @@ class BasicSimulatedBackend {
   }
 
   void exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
-    std::vector<StridedSendMessage> s;
-    std::vector<StridedRecvMessage> r;
-    s.reserve(sends.size());
-    r.reserve(recvs.size());
-    for (const SendMessage& m : sends) s.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
-    for (const RecvMessage& m : recvs) r.push_back({m.peer, m.data, {1, m.bytes, m.bytes}});
-    exchange_messages(s, r);
+    const detail::StridedRound round = detail::as_strided(sends, recvs);
+    exchange_messages(round.sends, round.recvs);
   }
 
   // exchange with each message where its runs lie (StridedExchange), copied run by run. On
