@@ -252,14 +252,14 @@ class MpiBackend {
     Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
     wait(r);
   }
-  // One all-to-all over several tensors' buffers (BatchedAllToAll): MPI_Ialltoallw with, for
-  // each member, one datatype on each side that picks its piece of every part where it lies
-  // (absolute addresses from MPI_BOTTOM), so nothing is packed.
   void exchange_strided(std::span<const StridedSendMessage> sends,
                         std::span<const StridedRecvMessage> recvs) {
     Request r = start_exchange_strided(sends, recvs);
     wait(r);
   }
+  // One all-to-all over several tensors' buffers (BatchedAllToAll): MPI_Ialltoallw with, for
+  // each member, one datatype on each side that picks its piece of every part where it lies
+  // (absolute addresses from MPI_BOTTOM), so nothing is packed.
   void all_to_all_batched(int mesh_dim, std::span<const AllToAllPart> parts) {
     Request r = start_all_to_all_batched(mesh_dim, parts);
     wait(r);
@@ -337,14 +337,8 @@ class MpiBackend {
     std::vector<MPI_Datatype> sent(parts.size(), MPI_BYTE), received(parts.size(), MPI_BYTE);
     auto piece_type = [&](StridedPieces p, MPI_Datatype& type) {
       if (!needs_type(p)) return;
-      const int rows = count_of(p.rows, r.call_), run = count_of(p.run_bytes, r.call_);
-      if (p.stride_bytes > static_cast<std::size_t>(std::numeric_limits<MPI_Aint>::max()))
-        throw error(std::string(r.call_) + ": runs " + std::to_string(p.stride_bytes) +
-                    " bytes apart exceed MPI's displacements");
       detail::MpiType& t = r.part_types_.emplace_back();
-      must(MPI_Type_create_hvector(rows, run, static_cast<MPI_Aint>(p.stride_bytes), MPI_BYTE,
-                                   t.out()),
-           "MPI_Type_create_hvector");
+      runs_type(p, t, r.call_);
       type = t.get();
     };
     for (std::size_t t = 0; t < parts.size(); ++t) {
@@ -426,9 +420,7 @@ class MpiBackend {
       count = count_of(runs.piece_bytes(), call);
       if (!needs_type(runs)) return MPI_Datatype{MPI_BYTE};
       detail::MpiType& t = request.part_types_.emplace_back();
-      must(MPI_Type_create_hvector(count_of(runs.rows, call), count_of(runs.run_bytes, call),
-                                   static_cast<MPI_Aint>(runs.stride_bytes), MPI_BYTE, t.out()),
-           "MPI_Type_create_hvector");
+      runs_type(runs, t, call);
       must(MPI_Type_commit(t.handle()), "MPI_Type_commit");
       count = 1;
       return t.get();
@@ -659,23 +651,30 @@ class MpiBackend {
   static bool needs_type(StridedPieces pieces) noexcept {
     return pieces.rows > 1 && pieces.run_bytes != 0;
   }
-  // Makes `type`, r's datatype for StridedPieces: `rows` runs of `run_bytes` bytes
-  // `stride_bytes` apart (MPI_Type_create_hvector), resized to an extent of `run_bytes` so that
-  // member j's piece starts at j * run_bytes; returns the bytes of one piece as MPI counts them.
-  int pieces_type(StridedPieces pieces, detail::MpiType& type, const Request& r) {
-    const int rows = count_of(pieces.rows, r.call_), run = count_of(pieces.run_bytes, r.call_);
+  // Makes `type` the datatype of one piece's runs (needs_type): `rows` runs of `run_bytes` bytes
+  // `stride_bytes` apart (MPI_Type_create_hvector), not committed; refused (naming `call`)
+  // where MPI's counts and displacements cannot hold it.
+  void runs_type(StridedPieces pieces, detail::MpiType& type, const char* call) {
+    const int rows = count_of(pieces.rows, call), run = count_of(pieces.run_bytes, call);
     if (pieces.rows > static_cast<std::size_t>(INT_MAX) / pieces.run_bytes ||
         pieces.stride_bytes > static_cast<std::size_t>(std::numeric_limits<MPI_Aint>::max()))
-      throw error(std::string(r.call_) + ": pieces of " + std::to_string(pieces.rows) +
-                  " runs of " + std::to_string(pieces.run_bytes) + " bytes, " +
+      throw error(std::string(call) + ": pieces of " + std::to_string(pieces.rows) + " runs of " +
+                  std::to_string(pieces.run_bytes) + " bytes, " +
                   std::to_string(pieces.stride_bytes) + " apart, exceed MPI's counts");
-    detail::MpiType vector;
     must(MPI_Type_create_hvector(rows, run, static_cast<MPI_Aint>(pieces.stride_bytes), MPI_BYTE,
-                                 vector.out()),
+                                 type.out()),
          "MPI_Type_create_hvector");
+  }
+  // Makes `type`, r's datatype for StridedPieces: the runs of one piece (runs_type), resized to
+  // an extent of `run_bytes` so that member j's piece starts at j * run_bytes; returns the bytes
+  // of one piece as MPI counts them.
+  int pieces_type(StridedPieces pieces, detail::MpiType& type, const Request& r) {
+    detail::MpiType vector;
+    runs_type(pieces, vector, r.call_);
+    const int run = count_of(pieces.run_bytes, r.call_);
     must(MPI_Type_create_resized(vector.get(), 0, run, type.out()), "MPI_Type_create_resized");
     must(MPI_Type_commit(type.handle()), "MPI_Type_commit");
-    return rows * run;
+    return static_cast<int>(pieces.rows) * run;
   }
 
   void finish(Request& r) {

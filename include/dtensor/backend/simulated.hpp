@@ -315,7 +315,7 @@ class BasicSimulatedBackend {
 
  private:
   // The n-th receive from a peer matches the n-th send from it to this rank, as MPI matches
-  // them; only a host lane has strided messages.
+  // them; only a host lane has strided messages (a contiguous one is one run: one copy).
   void exchange_messages(std::span<const StridedSendMessage> sends,
                          std::span<const StridedRecvMessage> recvs) {
     const DeviceMesh& mesh = this->mesh();
@@ -343,11 +343,7 @@ class BasicSimulatedBackend {
                     ", which sends no such message");
       }
       ++matched[peer];
-      if (r.runs.rows > 1 || match->runs.rows > 1) {
-        copy_runs(match->data, match->runs, static_cast<std::byte*>(r.data), r.runs, bytes);
-      } else {
-        local_ops().copy(r.data, match->data, bytes);
-      }
+      copy_runs(match->data, match->runs, r.data, r.runs, bytes);
       if (r.peer != rank_) received += static_cast<std::int64_t>(bytes);
     }
     sync(m, all, 2);
