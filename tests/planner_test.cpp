@@ -460,10 +460,32 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
           const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape), variant);
           ++pairs;
           Placements state = a;
+          // The plan's and each step's figures are the maxima over the ranks (the planner
+          // costs only some ranks where the others cannot cost more).
+          std::int64_t recv_most = 0, send_most = 0;
+          for (int r = 0; r < m.size(); ++r) {
+            recv_most = std::max(recv_most, rank_bytes(p, r).recv);
+            send_most = std::max(send_most, rank_bytes(p, r).send);
+          }
+          REQUIRE(p.bytes_recv_max() == recv_most);
+          REQUIRE(p.bytes_send_max() == send_most);
           for (std::size_t i = 0; i < p.size(); ++i) {
             const Step& s = p[i];
-            for (int r = 0; r < m.size(); ++r)
-              REQUIRE(step_rank_bytes(p, i, r) == reference_bytes(p.src(), s, m.coordinate(r)));
+            RankBytes step_most;
+            double us_most = 0;
+            for (int r = 0; r < m.size(); ++r) {
+              const RankBytes rb = step_rank_bytes(p, i, r);
+              REQUIRE(rb == reference_bytes(p.src(), s, m.coordinate(r)));
+              step_most.recv = std::max(step_most.recv, rb.recv);
+              step_most.send = std::max(step_most.send, rb.send);
+              us_most = std::max(
+                  us_most, detail::rank_step_cost(p.src(), s.before, s.after, s.kind, s.mesh_dim,
+                                                  s.padded, m.coordinate(r), p.cost_model())
+                               .us);
+            }
+            REQUIRE(s.bytes_recv_max == step_most.recv);
+            REQUIRE(s.bytes_send_max == step_most.send);
+            REQUIRE(s.est_us == us_most);
             REQUIRE(s.before == state);
             if (s.kind != K::exchange)
               REQUIRE(detail::transition_valid(s.mesh_dim, s.before, s.after));

@@ -562,7 +562,7 @@ constexpr bool is_even(const Layout& base, const Placements& ps) noexcept {
 
 // What step `kind` from `before` to `after` on mesh dim k costs its busiest rank, for ranking
 // orders: bytes received under Objective::bytes (time breaking ties), else time. Unpadded;
-// with every piece even, rank 0 speaks for all.
+// with every piece even, or for an all-reduce, rank 0 speaks for all.
 constexpr double order_step_cost(const Layout& base, const Placements& before,
                                  const Placements& after, int k, const PlanOptions& o) {
   const Placement from = before[k];
@@ -576,9 +576,11 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
   const DeviceMesh& mesh = base.mesh();
   if (!moves_data(kind) || mesh.size(k) == 1) return 0;
   bool fixed[max_mesh_dims] = {};
-  const bool even = is_even(base, before) && is_even(base, to_state);
+  // An all-reduce costs the origin the most (plan_builder::costs_most_at_origin).
+  const bool one =
+      kind == StepKind::all_reduce || (is_even(base, before) && is_even(base, to_state));
   for (int j = 0; j < mesh.ndim(); ++j)
-    fixed[j] = even || (!before[j].is_shard() && !to_state[j].is_shard());
+    fixed[j] = one || (!before[j].is_shard() && !to_state[j].is_shard());
   double most = 0;
   for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
                  [&](const MeshCoord& c) {
@@ -743,6 +745,15 @@ struct plan_builder {
     return false;
   }
 
+  // Whether step `s` costs the rank at the origin (every coordinate 0) the most, in bytes sent
+  // and received and in time: a padded collective moves g-1 of the group's largest piece, an
+  // all-reduce g-1 of its block's first (largest) balanced piece and the rest of its block, and
+  // every extent of every block is largest at the origin (each nested cut's first piece is its
+  // largest, under either chunk policy).
+  static constexpr bool costs_most_at_origin(const Step& s) noexcept {
+    return s.kind == StepKind::all_reduce || (s.padded && s.kind != StepKind::exchange);
+  }
+
   // The time a candidate must not exceed to beat `incumbent` (objective time).
   static constexpr double time_to_beat(const Plan& incumbent) noexcept {
     return incumbent.est_us() * (1 + 1e-9) + 1e-9;
@@ -809,19 +820,21 @@ struct plan_builder {
       if (o.padding == Padding::always) {
         s.padded = true;
       } else if (o.objective == Objective::time) {
-        // The step's times depend only on the rank's blocks, which differ only along mesh dims
-        // that shard before or after it.
-        StepTimes most;
+        // Padded when some rank's exact time exceeds the padded time of the busiest rank, the
+        // origin (costs_most_at_origin). The exact times depend only on the rank's blocks, which
+        // differ only along mesh dims that shard before or after the step.
+        const RankStepCost padded =
+            rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, origin, o.cost_model);
         bool same[max_mesh_dims] = {};
         for (int k = 0; k < mesh.ndim(); ++k)
           same[k] = !s.before[k].is_shard() && !s.after[k].is_shard();
-        for_each_coord(mesh, origin, same, [&](const MeshCoord& c) {
-          const StepTimes t =
-              step_times(plan, s, c, base.local_box(s.before, c), base.local_box(s.after, c), true);
-          most.padded = t.padded > most.padded ? t.padded : most.padded;
-          most.exact = t.exact > most.exact ? t.exact : most.exact;
+        for_each_coord_while(mesh, origin, same, [&](const MeshCoord& c) {
+          const double exact =
+              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
+                  .us;
+          s.padded = padded.us < exact;
+          return !s.padded;
         });
-        s.padded = most.padded < most.exact;
       }
     }
     // A collective between even layouts costs every rank the same (an all-reduce too when its
@@ -856,6 +869,28 @@ struct plan_builder {
         }
       }
       any_varies = true;
+    }
+    // Where every step that varies costs the origin the most, the origin's totals are the
+    // plan's.
+    bool at_origin = any_varies;
+    for (std::size_t i = 0; i < plan.steps_.size() && at_origin; ++i)
+      at_origin =
+          uniform[i] || !moves_data(plan.steps_[i].kind) || costs_most_at_origin(plan.steps_[i]);
+    if (at_origin) {
+      RankBytes total = uniform_total;
+      for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+        Step& s = plan.steps_[i];
+        if (uniform[i] || !moves_data(s.kind)) continue;
+        const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                               s.padded, origin, o.cost_model);
+        total.send = bytes_add(total.send, rc.bytes.send);
+        total.recv = bytes_add(total.recv, rc.bytes.recv);
+        s.bytes_send_max = rc.bytes.send;
+        s.bytes_recv_max = rc.bytes.recv;
+        s.est_us = rc.us;
+      }
+      uniform_total = total;
+      any_varies = false;
     }
     const bool by_bytes = o.objective == Objective::bytes;
     const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
@@ -1100,6 +1135,16 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   if (src_holds_all) return out;  // every rank holds the whole tensor
   // Without Partial, the elements each rank lacks, per tensor dim (missing_elements).
   const bool blocks_only = !has_partial(src.placements()) && !has_partial(dst.placements());
+  // Where a source Partial is reduced, every rank's bound grows with its target block, which is
+  // largest at the origin (each nested cut's first piece is its largest): one rank speaks.
+  bool reduces = false;
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    const Placement a = src.placement(k);
+    reduces = reduces || (a.is_partial() && !(a == dst.placement(k)) && mesh.size(k) > 1);
+  }
+  if (reduces) {
+    for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = true;
+  }
   for_each_coord(mesh, out.busiest, fixed, [&](const MeshCoord& c) {
     const std::int64_t e = blocks_only
                                ? missing_elements(src, src.placements(), dst.placements(), c)

@@ -129,8 +129,17 @@ constexpr std::int64_t pieces_overlapping(const Layout& base, const Placements& 
   while (next < base.mesh().ndim() && !ps[next].is_shard(d)) ++next;
   const std::int64_t lo = range.start > want.start ? range.start : want.start;
   const std::int64_t hi_a = range.start + range.size, hi_b = want.start + want.size;
-  if ((hi_a < hi_b ? hi_a : hi_b) <= lo || range.size == 0) return 0;
+  const std::int64_t hi = hi_a < hi_b ? hi_a : hi_b;
+  if (hi <= lo || range.size == 0) return 0;
   if (next == base.mesh().ndim()) return 1;
+  // Cut evenly from here on, the pieces are equal: count those [lo, hi) meets.
+  std::int64_t parts = 1;
+  for (int m = next; m < base.mesh().ndim(); ++m)
+    if (ps[m].is_shard(d)) parts *= base.mesh().size(m);
+  if (range.size % parts == 0) {
+    const std::int64_t piece = range.size / parts;
+    return (hi - 1 - range.start) / piece - (lo - range.start) / piece + 1;
+  }
   std::int64_t count = 0;
   const int g = base.mesh().size(next);
   const PieceSpan span = pieces_meeting(range.size, g, base.policy(), want.start - range.start,
