@@ -608,8 +608,9 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
   if (t < 2 || t > max_ordered_transitions) return ts;
   constexpr int states = 1 << max_ordered_transitions;
   constexpr double unreached = 1e300;
-  double best[states] = {};
-  int last[states] = {};
+  // Only the first 2^t entries are used, each written before it is read: not cleared.
+  double best[states];  // NOLINT(cppcoreguidelines-init-variables): see above
+  int last[states];     // NOLINT(cppcoreguidelines-init-variables): see above
   unsigned before_mask[max_ordered_transitions] = {};  // what must be done before item i
   unsigned reductions = 0;
   for (int i = 0; i < t; ++i)
@@ -624,6 +625,7 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
   for (int i = 0; i < t && forced; ++i) forced = before_mask[i] == (1u << i) - 1;
   if (forced) return ts;
   const unsigned full = (1u << t) - 1;
+  best[0] = 0;
   for (unsigned m = 1; m <= full; ++m) best[m] = unreached;
   for (unsigned m = 0; m < full; ++m) {
     if (best[m] >= unreached) continue;
