@@ -554,7 +554,9 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
                         {"4", "S(1)", "R", {7, 10}, Memory::bounded},       // exact gather
                         {"4", "S(0)", "S(1)", {7, 10}, Memory::bounded},    // exact all-to-all
                         {"2x4", "S(1),R", "R,S(1)", {8, 16}, Memory::any},  // exchange
-                        {"2x2", "P,S(0)", "S(1),S(0)", {8, 12}, Memory::any}};
+                        {"2x2", "P,S(0)", "S(1),S(0)", {8, 12}, Memory::any},
+                        {"2", "P", "S(1)", {7, 9}, Memory::bounded},  // exact, own partial in place
+                        {"2x2", "S(0),P", "S(1),S(1)", {8, 16}, Memory::bounded}};
   for (const Case& c : cases)
     for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
       const DeviceMesh mesh = parse_mesh(c.mesh);
@@ -572,6 +574,11 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
           *std::max_element(packed.scratch_peak.begin(), packed.scratch_peak.end());
       CHECK(strided_most < packed_most);
       CHECK(strided_most == workspace_bytes<SimulatedBackend>(plan));
+      // An exact reduction over a pair reads its own partial where it lies and receives the
+      // other's into the target: the reduce-scatter stages nothing, and the a2a before it holds
+      // only its block (both ends' size).
+      if (c.mesh == "2") CHECK(strided_most == 0);
+      if (c.mesh == "2x2" && c.from == "S(0),P") CHECK(strided_most <= src.max_local_bytes());
     }
   // Dim 0 cut 2 and 1: the reduce-scatter's pieces are slabs on some ranks and not on others,
   // and every rank still takes the same round (found by the fuzzer).

@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "detail/box_copy.hpp"
 #include "detail/elementwise.hpp"
@@ -158,6 +159,26 @@ struct HostOps {
       }
       for (std::size_t j = 0; j < parts.size(); ++j) in[j] = static_cast<const T*>(parts[j]);
       detail::reduce_into(static_cast<T*>(out), in, static_cast<int>(parts.size()), count, op);
+    });
+  }
+  // reduce(), with part `strided` read where it lies, `rows` runs of `run_bytes` from `at`,
+  // `stride_bytes` apart (parts[strided] is ignored); `out` and the other parts hold the runs
+  // one after another. Same operations in the same order as reduce() on the packed part.
+  void reduce_with_strided_part(DType dtype, void* out, std::span<const void* const> parts,
+                                std::size_t strided, const void* at, std::size_t rows,
+                                std::size_t run_bytes, std::size_t stride_bytes,
+                                ReduceOp op) const {
+    detail::visit_dtype(dtype, [&]<class T>() {
+      std::vector<const T*> in(parts.size());
+      const std::size_t run = run_bytes / sizeof(T);
+      for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t j = 0; j < parts.size(); ++j)
+          in[j] = j == strided ? static_cast<const T*>(static_cast<const void*>(
+                                     static_cast<const std::byte*>(at) + r * stride_bytes))
+                               : static_cast<const T*>(parts[j]) + r * run;
+        detail::reduce_into(static_cast<T*>(out) + r * run, in.data(),
+                            static_cast<int>(parts.size()), run, op);
+      }
     });
   }
 

@@ -343,14 +343,16 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
 // A reduction as one point-to-point round (run_exchange_reduce): where its pieces go, and its
 // staging, the pieces packed to send and the partials received. Where `slabs`, the pieces are
 // slabs of the block: sent as they lie, and this member's own partial is reduced from the block.
-// One partial lies in the target itself (the reduction reads every part of an element before it
-// writes it): this member's own, copied there, or, where it is reduced from the block, the first
-// other member's, received there.
 // Where the pieces are not slabs, a link that moves strided messages sends them from the
-// block as they lie (`strided`) when every one is runs of one stride.
+// block as they lie (`strided`) when every one, this member's own included, is runs of one
+// stride, and the own partial is reduced from the block too, run by run.
+// One partial lies in the target itself (the reduction reads every part of an element before it
+// writes it): the first other member's, received there, where the own partial is reduced from
+// the block; otherwise this member's own, copied there.
 struct ExchangeReduceWay : Staging {
   bool slabs = false;
   bool strided = false;
+  bool own_in_place = false;    // the own partial reduced from the block (slabs, or strided runs)
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
 };
 
@@ -364,9 +366,11 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
   w.strided = !slabs && a.strided_exchange;
   for (int j = 0; j < members && w.strided; ++j)
     w.strided = j == c.me[c.step.mesh_dim] || runs_of(piece_of(j), c.have, c.elem).has_value();
+  w.own_in_place =
+      slabs || (w.strided && runs_of(piece_of(c.me[c.step.mesh_dim]), c.have, c.elem).has_value());
   w.at = packed_offsets(c, piece_of);
   w.send = slabs || w.strided ? 0 : w.at.back();
-  w.recv = bytes_of(c.want, c.elem) * (slabs ? g - 2 : g - 1);
+  w.recv = bytes_of(c.want, c.elem) * (w.own_in_place ? g - 2 : g - 1);
   w.use_spare(c.spare_bytes);
   return w;
 }
@@ -392,6 +396,7 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
       parts[u] = cur + slab_offset(c.want, c.have, c.elem);
       continue;
     }
+    if (j == me && w.own_in_place) continue;  // reduced from the block, run by run
     std::byte* partial = next++ == 0 ? out : b.recv + (next - 2) * own_bytes;
     parts[u] = partial;
     if (j == me) {
@@ -412,8 +417,31 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
     if (own_bytes) m.recv(global_rank(c, j), partial, own_bytes);
   }
   co_await send_and_receive(link, m);
-  ops.reduce(c.plan.src().dtype(), out, parts, static_cast<std::size_t>(c.want.numel()),
-             c.step.before[k].reduce_op());
+  const DType dtype = c.plan.src().dtype();
+  const ReduceOp op = c.step.before[k].reduce_op();
+  if (slabs || !w.own_in_place) {
+    ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
+  } else if (own_bytes != 0) {
+    const PieceRuns own = *runs_of(piece_of(me), c.have, c.elem);
+    const std::byte* at = cur + own.offset;
+    const auto u = static_cast<std::size_t>(me);
+    const StridedPieces& r = own.runs;
+    if constexpr (requires {
+                    ops.reduce_with_strided_part(dtype, out, parts, u, at, r.rows, r.run_bytes,
+                                                 r.stride_bytes, op);
+                  }) {
+      ops.reduce_with_strided_part(dtype, out, parts, u, at, r.rows, r.run_bytes, r.stride_bytes,
+                                   op);
+    } else {  // one run at a time
+      std::vector<const void*> run_parts(parts.size());
+      for (std::size_t row = 0; row < r.rows; ++row) {
+        for (std::size_t j = 0; j < parts.size(); ++j)
+          run_parts[j] = j == u ? at + row * r.stride_bytes
+                                : static_cast<const std::byte*>(parts[j]) + row * r.run_bytes;
+        ops.reduce(dtype, out + row * r.run_bytes, run_parts, r.run_bytes / c.elem, op);
+      }
+    }
+  }
   co_return b.allocated();
 }
 
