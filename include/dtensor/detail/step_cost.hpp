@@ -162,7 +162,12 @@ constexpr std::int64_t overlap_over(const Layout& base, const Placements& ps,
   const int n = base.mesh().ndim();
   int next = depth;
   while (next < n && !ps[next].is_shard(d)) ++next;
-  if (next == n) {
+  // Where every cut from here on varies, the pieces tile `range`: their overlaps with `have` sum
+  // to the range's own.
+  bool every_cut_varies = true;
+  for (int m = next; m < n && every_cut_varies; ++m)
+    every_cut_varies = !ps[m].is_shard(d) || (vary >> m & 1u) != 0;
+  if (every_cut_varies) {
     const std::int64_t lo = range.start > have.start ? range.start : have.start;
     const std::int64_t hi_a = range.start + range.size, hi_b = have.start + have.size;
     const std::int64_t hi = hi_a < hi_b ? hi_a : hi_b;
