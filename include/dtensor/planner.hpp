@@ -560,6 +560,25 @@ constexpr bool is_even(const Layout& base, const Placements& ps) noexcept {
   return true;
 }
 
+// Whether `a` and `b` (same tensor and mesh) are even and, along every tensor dim, the mesh
+// dims that cut it under one are the first of those that cut it under the other (in mesh dim
+// order): then every rank's piece of that dim under one holds its piece under the other.
+constexpr bool nested_alike(const Layout& a, const Layout& b) {
+  const int n = a.mesh().ndim();
+  for (int d = 0; d < a.tensor_ndim(); ++d) {
+    int i = 0, j = 0;  // walk both cut sequences of d in step; one may end first
+    while (true) {
+      while (i < n && !a.placement(i).is_shard(d)) ++i;
+      while (j < n && !b.placement(j).is_shard(d)) ++j;
+      if (i == n || j == n) break;
+      if (i != j) return false;
+      ++i;
+      ++j;
+    }
+  }
+  return is_even(a, a.placements()) && is_even(a, b.placements());
+}
+
 // What step `kind` from `before` to `after` on mesh dim k costs its busiest rank, for ranking
 // orders: bytes received under Objective::bytes (time breaking ties), else time. Unpadded;
 // with every piece even, or for an all-reduce, rank 0 speaks for all.
@@ -1144,7 +1163,10 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
     const Placement a = src.placement(k);
     reduces = reduces || (a.is_partial() && !(a == dst.placement(k)) && mesh.size(k) > 1);
   }
-  if (reduces) {
+  // Between even layouts where, along every tensor dim, one side's cuts are the first of the
+  // other's, one side's piece holds the other's on every rank: what a rank lacks is the same on
+  // every rank.
+  if (reduces || (blocks_only && nested_alike(src, dst))) {
     for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = true;
   }
   for_each_coord(mesh, out.busiest, fixed, [&](const MeshCoord& c) {
