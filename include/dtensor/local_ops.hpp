@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstring>
@@ -163,21 +164,34 @@ struct HostOps {
   }
   // reduce(), with part `strided` read where it lies, `rows` runs of `run_bytes` from `at`,
   // `stride_bytes` apart (parts[strided] is ignored); `out` and the other parts hold the runs
-  // one after another. Same operations in the same order as reduce() on the packed part.
+  // one after another. Same operations in the same order as reduce() on the packed part. Runs
+  // shorter than 64 KB are gathered a 64 KB tile at a time (tiles of fewer bytes ran up to 1.7x
+  // slower here than copying the whole part first), so that each pass reduces many runs.
   void reduce_with_strided_part(DType dtype, void* out, std::span<const void* const> parts,
                                 std::size_t strided, const void* at, std::size_t rows,
                                 std::size_t run_bytes, std::size_t stride_bytes,
                                 ReduceOp op) const {
     detail::visit_dtype(dtype, [&]<class T>() {
+      constexpr std::size_t tile = (std::size_t{64} << 10) / sizeof(T);  // elements
       std::vector<const T*> in(parts.size());
       const std::size_t run = run_bytes / sizeof(T);
-      for (std::size_t r = 0; r < rows; ++r) {
+      const auto* from = static_cast<const std::byte*>(at);
+      const std::size_t per_pass = run >= tile || run == 0 ? 1 : tile / run;
+      std::vector<T> gathered(per_pass > 1 ? std::min(per_pass, rows) * run : 0);
+      for (std::size_t r = 0; r < rows; r += per_pass) {
+        const std::size_t n = rows - r < per_pass ? rows - r : per_pass;
+        const T* own = nullptr;
+        if (per_pass == 1) {
+          own = static_cast<const T*>(static_cast<const void*>(from + r * stride_bytes));
+        } else {
+          for (std::size_t i = 0; i < n; ++i)
+            std::memcpy(gathered.data() + i * run, from + (r + i) * stride_bytes, run_bytes);
+          own = gathered.data();
+        }
         for (std::size_t j = 0; j < parts.size(); ++j)
-          in[j] = j == strided ? static_cast<const T*>(static_cast<const void*>(
-                                     static_cast<const std::byte*>(at) + r * stride_bytes))
-                               : static_cast<const T*>(parts[j]) + r * run;
+          in[j] = j == strided ? own : static_cast<const T*>(parts[j]) + r * run;
         detail::reduce_into(static_cast<T*>(out) + r * run, in.data(),
-                            static_cast<int>(parts.size()), run, op);
+                            static_cast<int>(parts.size()), n * run, op);
       }
     });
   }
