@@ -340,6 +340,12 @@ constexpr std::int64_t union_numel(const Layout& l, const Placements& ps, const 
   return total;
 }
 
+// Whether a mesh dim of `g` ranks reduces a source Partial `a` (the target `b` is not the same
+// Partial there).
+constexpr bool reduces_partial(const Placement& a, const Placement& b, int g) noexcept {
+  return a.is_partial() && !(a == b) && g > 1;
+}
+
 // Elements the rank at `coord` must receive whatever the plan; lower_bound_bytes in bytes.
 //  - Without Partial: the elements of its target block its source block lacks.
 //  - A Partial target lets the ranks that differ only on those mesh dims (its target group)
@@ -363,7 +369,7 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
     const Placement a = have[k], b = want[k];
     target_fixed[k] = !b.is_partial();
     if (b.is_partial()) group *= mesh.size(k);
-    if (a.is_partial() && !(a == b) && mesh.size(k) > 1) reduces = true, reducers *= mesh.size(k);
+    if (reduces_partial(a, b, mesh.size(k))) reduces = true, reducers *= mesh.size(k);
     if (a.is_partial()) have[k] = Placement::replicate();
     if (b.is_partial()) want[k] = Placement::replicate();
   }
@@ -859,24 +865,34 @@ struct plan_builder {
       }
     }
     // A collective between even layouts costs every rank the same (an all-reduce too when its
-    // block splits evenly into the group's pieces): rank 0 speaks for all, once. The other steps
-    // cost every rank whose coordinates matter: with every piece even, rank 0 again; otherwise
-    // those on mesh dims that shard at some point of the plan.
+    // block splits evenly into the group's pieces): rank 0 speaks for all, once. Where every step
+    // is such a collective or costs the origin the most (costs_most_at_origin), the origin's
+    // figures are the plan's. Otherwise the other steps cost every rank whose coordinates matter:
+    // with every piece even, rank 0 again; otherwise those on mesh dims that shard at some point
+    // of the plan.
     bool fixed[max_mesh_dims] = {};
     for (int k = 0; k < mesh.ndim(); ++k) {
       fixed[k] = (all_even && !has_exchange) || !base.placement(k).is_shard();
       for (const Step& s : plan.steps_) fixed[k] = fixed[k] && !s.after[k].is_shard();
     }
+    auto even_collective = [&](std::size_t i) {
+      return plan.steps_[i].kind != StepKind::exchange && even[i] && even[i + 1];
+    };
+    bool at_origin = true;
+    for (std::size_t i = 0; i < plan.steps_.size() && at_origin; ++i)
+      at_origin = !moves_data(plan.steps_[i].kind) || even_collective(i) ||
+                  costs_most_at_origin(plan.steps_[i]);
     plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
-    RankBytes uniform_total;  // what the uniform steps cost every rank
+    RankBytes uniform_total;  // what the steps costed at the origin cost every rank (or most)
     bool uniform[max_plan_steps] = {};
     bool any_varies = false;
     for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
       Step& s = plan.steps_[i];
       if (!moves_data(s.kind)) continue;
-      if (s.kind != StepKind::exchange && even[i] && even[i + 1]) {
+      if (at_origin || even_collective(i)) {
         const Box have = base.local_box(s.before, origin);
-        if (s.kind != StepKind::all_reduce || have.numel() % mesh.size(s.mesh_dim) == 0) {
+        if (at_origin || s.kind != StepKind::all_reduce ||
+            have.numel() % mesh.size(s.mesh_dim) == 0) {
           const RankStepCost rc =
               rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, origin, have,
                              base.local_box(s.after, origin), o.cost_model);
@@ -890,28 +906,6 @@ struct plan_builder {
         }
       }
       any_varies = true;
-    }
-    // Where every step that varies costs the origin the most, the origin's totals are the
-    // plan's.
-    bool at_origin = any_varies;
-    for (std::size_t i = 0; i < plan.steps_.size() && at_origin; ++i)
-      at_origin =
-          uniform[i] || !moves_data(plan.steps_[i].kind) || costs_most_at_origin(plan.steps_[i]);
-    if (at_origin) {
-      RankBytes total = uniform_total;
-      for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
-        Step& s = plan.steps_[i];
-        if (uniform[i] || !moves_data(s.kind)) continue;
-        const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                               s.padded, origin, o.cost_model);
-        total.send = bytes_add(total.send, rc.bytes.send);
-        total.recv = bytes_add(total.recv, rc.bytes.recv);
-        s.bytes_send_max = rc.bytes.send;
-        s.bytes_recv_max = rc.bytes.recv;
-        s.est_us = rc.us;
-      }
-      uniform_total = total;
-      any_varies = false;
     }
     const bool by_bytes = o.objective == Objective::bytes;
     const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
@@ -963,7 +957,7 @@ struct plan_builder {
     }
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
-    // With every step uniform, the totals are known only now.
+    // With every step costed at the origin, the totals are known only now.
     if (!any_varies && loses_at(plan.bytes_recv_max_, plan.est_us_)) plan.pruned_ = true;
   }
 
@@ -1159,10 +1153,8 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   // Where a source Partial is reduced, every rank's bound grows with its target block, which is
   // largest at the origin (each nested cut's first piece is its largest): one rank speaks.
   bool reduces = false;
-  for (int k = 0; k < mesh.ndim(); ++k) {
-    const Placement a = src.placement(k);
-    reduces = reduces || (a.is_partial() && !(a == dst.placement(k)) && mesh.size(k) > 1);
-  }
+  for (int k = 0; k < mesh.ndim(); ++k)
+    reduces = reduces || reduces_partial(src.placement(k), dst.placement(k), mesh.size(k));
   // Between even layouts where, along every tensor dim, one side's cuts are the first of the
   // other's, one side's piece holds the other's on every rank: what a rank lacks is the same on
   // every rank.

@@ -353,6 +353,7 @@ struct ExchangeReduceWay : Staging {
   bool slabs = false;
   bool strided = false;
   bool own_in_place = false;    // the own partial reduced from the block (slabs, or strided runs)
+  PieceRuns own_runs;           // where the own partial lies in the block (strided, in place)
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
 };
 
@@ -366,8 +367,12 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
   w.strided = !slabs && a.strided_exchange;
   for (int j = 0; j < members && w.strided; ++j)
     w.strided = j == c.me[c.step.mesh_dim] || runs_of(piece_of(j), c.have, c.elem).has_value();
-  w.own_in_place =
-      slabs || (w.strided && runs_of(piece_of(c.me[c.step.mesh_dim]), c.have, c.elem).has_value());
+  w.own_in_place = slabs;
+  if (w.strided) {
+    const std::optional<PieceRuns> own = runs_of(piece_of(c.me[c.step.mesh_dim]), c.have, c.elem);
+    w.own_in_place = own.has_value();
+    if (own) w.own_runs = *own;
+  }
   w.at = packed_offsets(c, piece_of);
   w.send = slabs || w.strided ? 0 : w.at.back();
   w.recv = bytes_of(c.want, c.elem) * (w.own_in_place ? g - 2 : g - 1);
@@ -422,10 +427,9 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   if (slabs || !w.own_in_place) {
     ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
   } else if (own_bytes != 0) {
-    const PieceRuns own = *runs_of(piece_of(me), c.have, c.elem);
-    const std::byte* at = cur + own.offset;
+    const std::byte* at = cur + w.own_runs.offset;
     const auto u = static_cast<std::size_t>(me);
-    const StridedPieces& r = own.runs;
+    const StridedPieces& r = w.own_runs.runs;
     if constexpr (requires {
                     ops.reduce_with_strided_part(dtype, out, parts, u, at, r.rows, r.run_bytes,
                                                  r.stride_bytes, op);
