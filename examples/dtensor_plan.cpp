@@ -234,9 +234,8 @@ void print_layout(std::string_view title, const Layout& l) {
   fmt::print("  {:>4}  {:<12} {:<20} {:<20} {:>12}\n", "rank", "coord", "offset", "shape", "bytes");
   for (int i = 0; i < l.mesh().size(); ++i) {
     const int rank = l.mesh().rank_at(i);
-    const Box b = l.local_box(rank);
-    fmt::print("  {:>4}  {:<12} {:<20} {:<20} {:>12}\n", rank, l.mesh().coordinate(rank), b.offset,
-               b.shape, b.numel() * l.elem_bytes());
+    fmt::print("  {:>4}  {:<12} {:<20} {:<20} {:>12}\n", rank, l.mesh().coordinate(rank),
+               l.global_offset(rank), l.local_shape(rank), l.local_bytes(rank));
   }
   fmt::print("\n{}\n", sharding_picture(l));
 }
@@ -291,13 +290,14 @@ void print_json(const Plan& plan, std::string_view kind) {
       plan.est_us(), workspace_bytes(plan), blocks_within_ends(plan));
   for (int i = 0; i < mesh.size(); ++i) {
     const int rank = mesh.rank_at(i);
-    const Box a = src.local_box(rank), b = dst.local_box(rank);
+
     const RankBytes bytes = rank_bytes(plan, rank);
     out += fmt::format(
         "{}{{\"rank\":{},\"coord\":{},\"src_offset\":{},\"src_shape\":{},\"dst_offset\":{},"
         "\"dst_shape\":{},\"bytes_recv\":{},\"bytes_send\":{}}}",
-        i ? "," : "", rank, json_list(mesh.coordinate(rank)), json_list(a.offset),
-        json_list(a.shape), json_list(b.offset), json_list(b.shape), bytes.recv, bytes.send);
+        i ? "," : "", rank, json_list(mesh.coordinate(rank)), json_list(src.global_offset(rank)),
+        json_list(src.local_shape(rank)), json_list(dst.global_offset(rank)),
+        json_list(dst.local_shape(rank)), bytes.recv, bytes.send);
   }
   out += "]}\n";
   fmt::print("{}", out);

@@ -86,8 +86,17 @@ TEST_CASE("nested sharding of one tensor dim goes outermost mesh dim first", "[l
   const std::int64_t offsets[] = {0, 2, 4, 5, 5, 7, 9, 10};
   for (int r = 0; r < 8; ++r) {
     CHECK(u.local_shape(r) == Shape{sizes[r]});
-    CHECK(u.global_offset(r) == Shape{offsets[r]});
+    CHECK(u.local_box(r) == Box{Shape{offsets[r]}, Shape{sizes[r]}});
   }
+  // An empty block's global offset is PyTorch's (compute_local_shape_and_global_offset): the
+  // global extent along its empty dims, wherever its piece starts in the nesting.
+  CHECK(u.global_offset(3) == Shape{10});
+  CHECK(u.global_offset(7) == Shape{10});
+  CHECK(u.global_offset(2) == Shape{4});
+  const Layout cols(DeviceMesh({2, 4}), {Shard(1), Shard(1)}, {7, 10});
+  CHECK(cols.local_box(3) == Box{{0, 5}, {7, 0}});
+  CHECK(cols.global_offset(3) == Shape{0, 10});
+  CHECK(cols.global_offset(2) == Shape{0, 4});
   // 3-D mesh, two dims nesting on tensor dim 1 and one on dim 0.
   const Layout t(DeviceMesh({2, 2, 2}), {Shard(1), Shard(0), Shard(1)}, {4, 8});
   CHECK(t.local_box(MeshCoord{1, 0, 1}) == Box{{0, 6}, {2, 2}});

@@ -24,6 +24,9 @@ static_assert(uneven.local_shape(3)[0] == 0 && uneven.global_offset(3)[0] == 5);
 // Nested: (S(0), S(0)) on 2x4 cuts 16 rows into 8 pieces of 2, outer dim first.
 constexpr Layout nested(mesh, {Shard(0), Shard(0)}, {16});
 static_assert(nested.global_offset(5)[0] == 10);
+// An empty block's offset is PyTorch's: the extent (10 rows, halves of 5, pieces 2, 2, 1, 0).
+constexpr Layout nested_uneven(mesh, {Shard(0), Shard(0)}, {10});
+static_assert(nested_uneven.local_box(3).offset[0] == 5 && nested_uneven.global_offset(3)[0] == 10);
 
 // The typed front end folds to the same values.
 using Mesh24 = StaticMesh<2, 4>;

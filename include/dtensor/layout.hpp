@@ -181,7 +181,16 @@ class Layout {
     return local_box(mesh_.coordinate(rank));
   }
   [[nodiscard]] constexpr Shape local_shape(int rank) const { return local_box(rank).shape; }
-  [[nodiscard]] constexpr Shape global_offset(int rank) const { return local_box(rank).offset; }
+  // Where global rank `rank`'s block starts, as PyTorch's compute_local_shape_and_global_offset
+  // reports it: local_box(rank).offset, except along a dim where the block is empty, where it is
+  // that dim's global extent (local_box keeps an empty block where its piece starts in the
+  // nesting: 10 columns over 2 x 4 ranks, (S(1), S(1)), give rank 3 offset 10 here, 5 there).
+  [[nodiscard]] constexpr Shape global_offset(int rank) const {
+    Box box = local_box(rank);
+    for (std::size_t d = 0; d < shape_.size(); ++d)
+      if (box.shape[d] == 0) box.offset[d] = shape_[d];
+    return box.offset;
+  }
   [[nodiscard]] constexpr std::int64_t local_numel(int rank) const {
     return local_box(rank).numel();
   }
