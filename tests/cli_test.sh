@@ -44,6 +44,10 @@ if command -v python3 >/dev/null 2>&1; then
     { echo "FAIL: json does not parse"; fail=1; }
 fi
 
+# An empty block's offset is PyTorch's: 10 columns as (S(1),S(1)) on 2x4 leave rank 3 [7,0] at [0,10].
+check "json empty block" 0 "$tool" --mesh 2x4 --shape 7x10 --from 'S(1),S(1)' --to R,R --json
+expect_in "json empty block" '"rank":3,"coord":[0,3],"src_offset":[0,10],"src_shape":[7,0]'
+
 check "relabel" 0 "$tool" --mesh 2x4 --to-mesh 4x2 --shape 8x8 --from 'S(0),S(1)' --to 'S(1),S(0)' --relabel
 expect_in "relabel" "relabel ranks as [0, 4, 1, 5, 2, 6, 3, 7]"
 expect_in "relabel" "moves 0 B (before: 32 B max per rank, 192 B in all)"
