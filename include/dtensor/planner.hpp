@@ -299,6 +299,22 @@ constexpr Transitions scatter_reductions(const Transitions& ts, const int* dims)
 // 0 to (S(1), S(0)), all-gather mesh dim 1, fill mesh dim 0, two thirds of the bytes of the
 // all-gather alone. (R, P) -> (P, S(0)) on 2x2: chunk mesh dim 0 to S(1), reduce-scatter mesh
 // dim 1, fill mesh dim 0, half the bytes of the reduce-scatter of the whole block.
+// A target Partial on mesh dim k, kept or made from Replicate: mesh dim k becomes S(d) first
+// (reduce-scattered or chunked), then the transitions to the target with that S(d) made Partial
+// among them (the order search places it; scatter_target_partial makes it last), so that
+// another mesh dim's chunk may follow it: (S(0), R) -> (S(1), P) on 2x4 chunks mesh dim 1,
+// all-gathers mesh dim 0 a quarter block, fills mesh dim 1 and chunks mesh dim 0, as PyTorch's
+// graph search does.
+constexpr Transitions shard_then_make_partial(const Placements& a, const Placements& b, int k,
+                                              int d) {
+  Placements mid = a;
+  mid[k] = Placement::shard(d);
+  Transitions out;
+  out.push_back({k, a[k], mid[k]});
+  for (const Transition& t : reductions_first(mid, greedy_transitions(mid, b))) out.push_back(t);
+  return out;
+}
+
 constexpr Transitions scatter_target_partial(const Placements& a, const Placements& b, int k,
                                              int d) {
   Placements mid = a, end = b;
@@ -1252,8 +1268,15 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     if (!(kept || made) || src.mesh().size(k) == 1) continue;
     for (int d = 0; d < src.tensor_ndim(); ++d) {
       if (!above_bound()) break;
-      consider_order(
-          detail::cheapest_order(src, detail::scatter_target_partial(a, b, k, d), options));
+      const detail::Transitions scattered = detail::scatter_target_partial(a, b, k, d);
+      consider_order(detail::cheapest_order(src, scattered, options));
+      // Where the shard on mesh dim k must go back through Replicate in between (another mesh
+      // dim's shard nests before it in the target), making the Partial earlier may spare that.
+      int on_k = 0;
+      for (const detail::Transition& t : scattered) on_k += t.mesh_dim == k ? 1 : 0;
+      if (on_k > 2 && above_bound())
+        consider_order(
+            detail::cheapest_order(src, detail::shard_then_make_partial(a, b, k, d), options));
     }
   }
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
