@@ -23,6 +23,7 @@ It prints one table and writes it as Markdown and CSV. run.sh sets everything up
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import datetime
@@ -419,22 +420,26 @@ def torch_check_case(case: Case, mesh, group_labels: dict) -> dict:
     record = {"coord": coord, "src_shape": tuple(src_shape), "src_offset": tuple(src_offset),
               "dst_shape": tuple(dst_shape), "dst_offset": tuple(dst_offset),
               "src": local.double().numpy(), "path": None, "error": None, "refused": None}
-    recorder, restore = make_recorder(group_labels)
-    try:
+    def redistribute(recorder, planner):
+        """The result of DTensor's redistribute under `planner` (a context manager), through
+        the public API or, where it refuses, the internal one; and which path ran."""
         d = DTensor.from_local(local, mesh, src, run_check=False, shape=torch.Size(case.shape),
                                stride=stride)
         try:
-            with recorder:
-                result = d.redistribute(mesh, dst).to_local()
-            record["path"] = "public"
+            with planner(), recorder:
+                return d.redistribute(mesh, dst).to_local(), "public", None
         except Exception as e:  # the public API refuses conversions to Partial but S -> P(sum)
-            record["refused"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            refused = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             recorder.collectives.clear()
             spec = d._spec
             target = DTensorSpec(mesh, tuple(dst), tensor_meta=spec.tensor_meta)
-            with recorder:
-                result = redistribute_local_tensor(d._local_tensor, spec, target)
-            record["path"] = "internal"
+            with planner(), recorder:
+                return (redistribute_local_tensor(d._local_tensor, spec, target), "internal",
+                        refused)
+
+    recorder, restore = make_recorder(group_labels)
+    try:
+        result, record["path"], record["refused"] = redistribute(recorder, contextlib.nullcontext)
         record["result"] = result.double().numpy()
         record["result_dtype"] = str(result.dtype).removeprefix("torch.")
         record["result_shape"] = tuple(result.shape)
@@ -443,6 +448,28 @@ def torch_check_case(case: Case, mesh, group_labels: dict) -> dict:
     finally:
         restore()
     record["collectives"] = recorder.collectives
+
+    # The same with PyTorch's opt-in graph search (use_min_cost_redistribution_plan), where the
+    # installed version has it; its plans are cached apart only by the flag, so the cache is
+    # cleared around it.
+    import torch.distributed.tensor._redistribute as redistribute_module
+    min_cost = getattr(redistribute_module, "use_min_cost_redistribution_plan", None)
+    record["min_cost"] = None
+    if min_cost is not None and record["error"] is None:
+        recorder, restore = make_recorder(group_labels)
+        entry = {"error": None}
+        try:
+            redistribute_module._gen_transform_infos.cache_clear()
+            result, _, _ = redistribute(recorder, min_cost)
+            entry["result"] = result.double().numpy()
+            entry["result_shape"] = tuple(result.shape)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        finally:
+            restore()
+            redistribute_module._gen_transform_infos.cache_clear()
+        entry["collectives"] = recorder.collectives
+        record["min_cost"] = entry
     return record
 
 
@@ -485,14 +512,25 @@ def time_torch_planning(case: Case, mesh) -> dict:
     except Exception as e:
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}"}
     redistribute._gen_transform_infos(src_spec, dst_spec)  # fills the cache
-    return {
+    times = {
         "uncached_us": per_call_us(
             lambda: redistribute._gen_transform_infos_non_cached(src_spec, dst_spec)),
         "cached_us": per_call_us(lambda: redistribute._gen_transform_infos(src_spec, dst_spec)),
         "optimize_us": per_call_us(
             lambda: redistribute._optimize_transform_infos(infos, mesh, src, dst)),
         "transform_infos": len(infos),
+        "graph_uncached_us": None,
     }
+    # The opt-in graph search (use_min_cost_redistribution_plan), uncached.
+    try:
+        redistribute._gen_transform_infos_non_cached(src_spec, dst_spec,
+                                                     use_graph_based_transform=True)
+        times["graph_uncached_us"] = per_call_us(
+            lambda: redistribute._gen_transform_infos_non_cached(
+                src_spec, dst_spec, use_graph_based_transform=True))
+    except Exception:  # an older PyTorch, or a pair its search refuses
+        pass
+    return times
 
 
 def time_torch_execution(case: Case, mesh, runs: int) -> float:
@@ -656,6 +694,31 @@ def compare_case(case: Case, ours: dict, theirs: list[dict]) -> dict:
         parts_equal = all(np.array_equal(o["dst"], t["result"])
                           for o, t in zip(ours["ranks"], theirs))
         row["partial_parts_equal"] = "yes" if parts_equal else "no"
+    # PyTorch's graph search: its bytes, and its values against the global view.
+    searched = [t.get("min_cost") for t in theirs]
+    if all(m is not None for m in searched):
+        if any(m["error"] for m in searched):
+            row["torch_min_cost_values_equal"] = "error"
+            notes.append("torch min-cost: " + next(m["error"] for m in searched if m["error"]))
+        else:
+            row.update(
+                torch_min_cost_steps=" ".join(
+                    c["label"] + ("*" if c["fallback"] else "")
+                    for c in searched[0]["collectives"]) or "—",
+                torch_min_cost_bytes=max(sum(c["recv_intended"] for c in m["collectives"])
+                                         for m in searched))
+            try:
+                reduced = reduced_blocks(case, coords, [m["result"] for m in searched])
+                good = all(
+                    matches(v, global_block(case.shape, ours["ranks"][r]["dst_offset"],
+                                            ours["ranks"][r]["dst_shape"], case.dtype),
+                            case.dtype)
+                    for r, v in reduced.items())
+            except ValueError:
+                good = False
+            row["torch_min_cost_values_equal"] = "yes" if good else "no"
+            if not good:
+                notes.append("torch min-cost: values differ from the global view")
     dtypes = {t["result_dtype"] for t in theirs}
     same_dtype = dtypes == {TORCH_DTYPES[case.dtype]}
     if not same_dtype:
@@ -676,6 +739,7 @@ COLUMNS = [  # (CSV key, Markdown header)
     ("ours_bytes", "bytes ours"),
     ("ours_bytes_objective_bytes", "bytes ours, objective bytes"),
     ("torch_bytes", "bytes torch"),
+    ("torch_min_cost_bytes", "bytes torch, min-cost"),
     ("bound", "lower bound"),
     ("plan_speedup_uncached", "plan ×, uncached"),
     ("plan_speedup_cached", "plan ×, cached"),
@@ -686,7 +750,8 @@ COLUMNS = [  # (CSV key, Markdown header)
 CSV_ONLY = ["ours_verified", "ours_bytes_objective_steps", "ours_comm", "torch_comm",
             "torch_bytes_gloo", "torch_path", "layout_equal", "partial_parts_equal", "verdict",
             "ours_plan_ns", "torch_uncached_us", "torch_cached_us", "torch_optimize_us",
-            "torch_transform_infos", "ours_run_s", "torch_run_s"]
+            "torch_transform_infos", "ours_run_s", "torch_run_s", "torch_min_cost_steps",
+            "torch_min_cost_values_equal", "torch_graph_uncached_us", "plan_speedup_graph"]
 
 
 def fmt(value) -> str:
@@ -724,6 +789,24 @@ def summarize(rows: list[dict]) -> list[str]:
                      f"where the lower bound is below torch's: {len(beat)} of {len(can_beat)} "
                      f"(of the {len(missed)} others, {partial_src} have a Partial source)")
 
+    searched = [r for r in ran if r.get("torch_min_cost_bytes") is not None]
+    if searched:
+        fewer = [r for r in searched if r["torch_min_cost_bytes"] < r["torch_bytes"]]
+        more = [r for r in searched if r["torch_min_cost_bytes"] > r["torch_bytes"]]
+        line = (f"PyTorch's graph search (use_min_cost_redistribution_plan): {len(searched)} "
+                f"cases, values equal on "
+                f"{sum(r['torch_min_cost_values_equal'] == 'yes' for r in searched)}; fewer "
+                f"bytes than its greedy plan on {len(fewer)}, more on {len(more)}")
+        for key, label in [("ours_bytes", "default objective"),
+                           ("ours_bytes_objective_bytes", "objective bytes")]:
+            leq = sum(r[key] <= r["torch_min_cost_bytes"] for r in searched)
+            lt = sum(r[key] < r["torch_min_cost_bytes"] for r in searched)
+            line += f"; ours <= it ({label}): {leq}, strictly fewer: {lt}"
+        lines.append(line)
+        errors = sum(r.get("torch_min_cost_values_equal") == "error" for r in ran)
+        if errors:
+            lines.append(f"PyTorch's graph search fails on {errors} cases its greedy plan runs")
+
     def spread(values, unit):
         return (f"min {fmt(min(values))}{unit}, median {fmt(statistics.median(values))}{unit}, "
                 f"max {fmt(max(values))}{unit}")
@@ -741,6 +824,12 @@ def summarize(rows: list[dict]) -> list[str]:
             f"PyTorch's _optimize_transform_infos, run on every redistribute after the cached "
             f"lookup: {spread([r['torch_optimize_us'] for r in planned], ' µs')}",
         ]
+        graph = [r for r in planned if r.get("plan_speedup_graph")]
+        if graph:
+            lines.append(
+                f"planning speed-up over PyTorch's graph search, uncached: "
+                f"{spread([r['plan_speedup_graph'] for r in graph], '×')}; ≥ 100×: "
+                f"{sum(r['plan_speedup_graph'] >= 100 for r in graph)} of {len(graph)}")
     for r in rows:
         if r.get("run_ratio"):
             lines.append(f"execution at 16 MiB per rank, ours/torch: {r['run_ratio']:.2f} "
@@ -806,6 +895,9 @@ def main():
                        torch_transform_infos=p["transform_infos"],
                        plan_speedup_uncached=p["uncached_us"] * 1e3 / plan_ns[c],
                        plan_speedup_cached=p["cached_us"] * 1e3 / plan_ns[c])
+            if p.get("graph_uncached_us"):
+                row.update(torch_graph_uncached_us=p["graph_uncached_us"],
+                           plan_speedup_graph=p["graph_uncached_us"] * 1e3 / plan_ns[c])
         if c.timed:
             row.update(ours_run_s=our_timing[c], torch_run_s=torch_timing[c],
                        run_ratio=our_timing[c] / torch_timing[c])
