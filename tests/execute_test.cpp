@@ -735,15 +735,23 @@ TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][pla
 }
 
 TEST_CASE("a step that runs in place reuses the scratch of the block before", "[execute][memory]") {
-  // (P(sum), P(max)) -> (P(max), S(0)): the all-reduce writes a block larger than the target
-  // into scratch, and the scale after it runs in that scratch, so one block is held, not two.
+  // (P(sum), P(max)) -> (P(max), S(0)) through Replicate on mesh dim 0 (the planner now
+  // reduce-scatters and fills instead, so the plan is built from its transitions): the
+  // all-reduce writes a block larger than the target into scratch, and the scale after it runs
+  // in that scratch, so one block is held, not two.
   const DeviceMesh mesh({2, 2});
+  detail::Transitions through_replicate;
+  through_replicate.push_back({0, Placement::partial(ReduceOp::sum), Placement::replicate()});
+  through_replicate.push_back({0, Placement::replicate(), Placement::partial(ReduceOp::max)});
+  through_replicate.push_back({1, Placement::partial(ReduceOp::max), Placement::shard(0)});
   for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
-    const Plan plan = plan_redistribute(
+    const Plan plan = detail::plan_builder::build(
         Layout(mesh, parse_placements("P(sum),P(max)"), {8, 16}, dtype),
-        Layout(mesh, parse_placements("P(max),S(0)"), {8, 16}, dtype), {.memory = Memory::bounded});
+        Layout(mesh, parse_placements("P(max),S(0)"), {8, 16}, dtype), through_replicate,
+        PlanOptions{.memory = Memory::bounded}.with_cost_model(CostModel::defaults(mesh)));
     INFO(explain(plan));
     REQUIRE(plan.size() == 3);
+    REQUIRE(plan[0].kind == StepKind::all_reduce);
     REQUIRE(plan[1].kind == StepKind::scale);
     const MeshCoord origin{0, 0};
     const detail::BlockPlacement placed = detail::place_blocks(plan, origin, 0, {});

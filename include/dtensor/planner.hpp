@@ -315,6 +315,22 @@ constexpr Transitions shard_then_make_partial(const Placements& a, const Placeme
   return out;
 }
 
+// Every target Partial on the mesh dims in `ks` (count of them) at once, as
+// scatter_target_partial does one: mesh dim ks[i] becomes S(dims[i]) first, the rest moves as
+// seed 004 orders it, and the Partials are made last, innermost first.
+constexpr Transitions scatter_target_partials(const Placements& a, const Placements& b,
+                                              const int* ks, const int* dims, int count) {
+  Placements mid = a, end = b;
+  Transitions out;
+  for (int i = 0; i < count; ++i) {
+    mid[ks[i]] = end[ks[i]] = Placement::shard(dims[i]);
+    out.push_back({ks[i], a[ks[i]], mid[ks[i]]});
+  }
+  for (const Transition& t : reductions_first(mid, greedy_transitions(mid, end))) out.push_back(t);
+  for (int i = count; i-- > 0;) out.push_back({ks[i], end[ks[i]], b[ks[i]]});
+  return out;
+}
+
 constexpr Transitions scatter_target_partial(const Placements& a, const Placements& b, int k,
                                              int d) {
   Placements mid = a, end = b;
@@ -1260,10 +1276,10 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   }
   if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
   consider_all_to_all(greedy);
-  // A Partial the target keeps, or makes from Replicate: reduce-scattered or chunked first and
-  // made last, over every choice of the tensor dim.
+  // A Partial the target keeps, changes to another op, or makes from Replicate:
+  // reduce-scattered or chunked first and made last, over every choice of the tensor dim.
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-    const bool kept = a[k].is_partial() && a[k] == b[k];
+    const bool kept = a[k].is_partial() && b[k].is_partial();
     const bool made = a[k].is_replicate() && b[k].is_partial();
     if (!(kept || made) || src.mesh().size(k) == 1) continue;
     for (int d = 0; d < src.tensor_ndim(); ++d) {
@@ -1277,6 +1293,24 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       if (on_k > 2 && above_bound())
         consider_order(
             detail::cheapest_order(src, detail::shard_then_make_partial(a, b, k, d), options));
+    }
+  }
+  // Several such Partials: all of them at once, over every choice of their tensor dims (at
+  // most 16 choices).
+  {
+    int ks[max_mesh_dims] = {};
+    int count = 0;
+    for (int k = 0; k < static_cast<int>(a.size()); ++k)
+      if ((a[k].is_partial() || a[k].is_replicate()) && b[k].is_partial() && src.mesh().size(k) > 1)
+        ks[count++] = k;
+    const int nd = src.tensor_ndim();
+    int combos = count >= 2 && nd > 0 ? 1 : 0;
+    for (int i = 0; i < count && combos <= 16; ++i) combos *= nd;
+    for (int combo = 0; combo < combos && combos <= 16 && above_bound(); ++combo) {
+      int dims[max_mesh_dims] = {};
+      for (int i = 0, rest = combo; i < count; ++i, rest /= nd) dims[i] = rest % nd;
+      consider_order(detail::cheapest_order(
+          src, detail::scatter_target_partials(a, b, ks, dims, count), options));
     }
   }
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
