@@ -292,19 +292,12 @@ constexpr Transitions scatter_reductions(const Transitions& ts, const int* dims)
   return out;
 }
 
-// The transitions from placements `a` to `b`, whose target has a Partial on mesh dim k that the
-// source has too or makes from Replicate, with mesh dim k turned into S(d) first (a
-// reduce-scatter, or a local chunk) and the Partial made from it last (a local fill): the group
-// along k then splits the moves in between. (P, S(0)) -> (P, R) on 2x4: reduce-scatter mesh dim
-// 0 to (S(1), S(0)), all-gather mesh dim 1, fill mesh dim 0, two thirds of the bytes of the
-// all-gather alone. (R, P) -> (P, S(0)) on 2x2: chunk mesh dim 0 to S(1), reduce-scatter mesh
-// dim 1, fill mesh dim 0, half the bytes of the reduce-scatter of the whole block.
-// A target Partial on mesh dim k, kept or made from Replicate: mesh dim k becomes S(d) first
-// (reduce-scattered or chunked), then the transitions to the target with that S(d) made Partial
-// among them (the order search places it; scatter_target_partial makes it last), so that
-// another mesh dim's chunk may follow it: (S(0), R) -> (S(1), P) on 2x4 chunks mesh dim 1,
-// all-gathers mesh dim 0 a quarter block, fills mesh dim 1 and chunks mesh dim 0, as PyTorch's
-// graph search does.
+// A target Partial on mesh dim k, from a source Partial or made from Replicate: mesh dim k
+// becomes S(d) first (reduce-scattered or chunked), then the transitions to the target with
+// that S(d) made Partial among them (the order search places it; scatter_target_partial makes
+// it last), so that another mesh dim's chunk may follow it: (S(0), R) -> (S(1), P) on 2x4
+// chunks mesh dim 1, all-gathers mesh dim 0 a quarter block, fills mesh dim 1 and chunks mesh
+// dim 0, as PyTorch's graph search does.
 constexpr Transitions shard_then_make_partial(const Placements& a, const Placements& b, int k,
                                               int d) {
   Placements mid = a;
@@ -331,6 +324,13 @@ constexpr Transitions scatter_target_partials(const Placements& a, const Placeme
   return out;
 }
 
+// The transitions from placements `a` to `b`, whose target has a Partial on mesh dim k that the
+// source has too (of the same op or another) or makes from Replicate, with mesh dim k turned into
+// S(d) first (a reduce-scatter, or a local chunk) and the Partial made from it last (a local fill):
+// the group along k then splits the moves in between. (P, S(0)) -> (P, R) on 2x4: reduce-scatter
+// mesh dim 0 to (S(1), S(0)), all-gather mesh dim 1, fill mesh dim 0, two thirds of the bytes of
+// the all-gather alone. (R, P) -> (P, S(0)) on 2x2: chunk mesh dim 0 to S(1), reduce-scatter mesh
+// dim 1, fill mesh dim 0, half the bytes of the reduce-scatter of the whole block.
 constexpr Transitions scatter_target_partial(const Placements& a, const Placements& b, int k,
                                              int d) {
   Placements mid = a, end = b;
@@ -1279,9 +1279,9 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   // A Partial the target keeps, changes to another op, or makes from Replicate:
   // reduce-scattered or chunked first and made last, over every choice of the tensor dim.
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-    const bool kept = a[k].is_partial() && b[k].is_partial();
+    const bool reduced = a[k].is_partial() && b[k].is_partial();  // kept, or of another op
     const bool made = a[k].is_replicate() && b[k].is_partial();
-    if (!(kept || made) || src.mesh().size(k) == 1) continue;
+    if (!(reduced || made) || src.mesh().size(k) == 1) continue;
     for (int d = 0; d < src.tensor_ndim(); ++d) {
       if (!above_bound()) break;
       const detail::Transitions scattered = detail::scatter_target_partial(a, b, k, d);
