@@ -31,6 +31,22 @@ struct Audit {
   int gaps = 0;
 };
 
+// Placement list number `code` over `alphabet` on `dims` mesh dims (mesh dim 0 the fastest
+// digit).
+Placements placements_at(const std::vector<Placement>& alphabet, int dims, int code) {
+  Placements ps;
+  const auto letters = static_cast<int>(alphabet.size());
+  for (int k = 0; k < dims; ++k, code /= letters)
+    ps.push_back(alphabet[static_cast<std::size_t>(code % letters)]);
+  return ps;
+}
+// How many placement lists there are over `alphabet` on `dims` mesh dims.
+int placement_lists(const std::vector<Placement>& alphabet, int dims) {
+  int lists = 1;
+  for (int k = 0; k < dims; ++k) lists *= static_cast<int>(alphabet.size());
+  return lists;
+}
+
 // The cheapest chain from `src` to `dst` by per-step cost under `options`, and its states.
 std::pair<double, std::vector<Placements>> cheapest_chain(const Layout& src, const Layout& dst,
                                                           const PlanOptions& options) {
@@ -52,14 +68,8 @@ std::pair<double, std::vector<Placements>> cheapest_chain(const Layout& src, con
                                                alphabet.begin());
     return code;
   };
-  auto decode = [&](int code) {
-    Placements ps;
-    for (int k = 0; k < dims; ++k, code /= letters)
-      ps.push_back(alphabet[static_cast<std::size_t>(code % letters)]);
-    return ps;
-  };
-  int states = 1;
-  for (int k = 0; k < dims; ++k) states *= letters;
+  auto decode = [&](int code) { return placements_at(alphabet, dims, code); };
+  const int states = placement_lists(alphabet, dims);
   std::vector<double> dist(static_cast<std::size_t>(states), 1e300);
   std::vector<int> prev(static_cast<std::size_t>(states), -1);
   using Entry = std::pair<double, int>;
@@ -144,15 +154,8 @@ int main(int argc, char** argv) {
     Audit out;
     for (const DeviceMesh& mesh :
          {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}), DeviceMesh({2, 2, 2})}) {
-      const int dims = mesh.ndim();
-      int lists = 1;
-      for (int k = 0; k < dims; ++k) lists *= static_cast<int>(letters.size());
-      auto list = [&](int code) {
-        Placements ps;
-        for (int k = 0; k < dims; ++k, code /= static_cast<int>(letters.size()))
-          ps.push_back(letters[static_cast<std::size_t>(code) % letters.size()]);
-        return ps;
-      };
+      const int dims = mesh.ndim(), lists = placement_lists(letters, dims);
+      auto list = [&](int code) { return placements_at(letters, dims, code); };
       for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
         for (int i = 0; i < lists; ++i)
           for (int j = 0; j < lists; ++j) audit(mesh, shape, list(i), list(j), objective, out);

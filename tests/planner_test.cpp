@@ -692,16 +692,11 @@ TEST_CASE("a target Partial of another op, several target Partials, a Partial fi
           "[planner]") {
   const Shape shape{8, 16};
   const std::int64_t bytes = 8 * 16 * 4;  // f32
-  auto kinds = [](const Plan& p) {
-    std::vector<StepKind> out;
-    for (const Step& s : p) out.push_back(s.kind);
-    return out;
-  };
   // P(sum) -> P(max): reduce-scatter, then the max's identity around each shard. The
   // all-reduce and scale it replaces receive twice the bytes and pay twice the latency.
   const DeviceMesh m4({4});
   const Plan changed = plan_redistribute(layout(m4, "P(sum)", shape), layout(m4, "P(max)", shape));
-  CHECK(kinds(changed) == std::vector{StepKind::reduce_scatter, StepKind::fill});
+  CHECK(kinds(changed) == std::vector{K::reduce_scatter, K::fill});
   CHECK(changed.bytes_recv_max() == bytes * 3 / 4);
   CHECK(changed.bytes_recv_max() == changed.lower_bound_bytes_recv_max());
   CHECK(changed.est_us() < 2 * 3 * CostModel::defaults(m4).dims[0].latency_us);
@@ -710,8 +705,7 @@ TEST_CASE("a target Partial of another op, several target Partials, a Partial fi
   const DeviceMesh m22({2, 2});
   const Plan both =
       plan_redistribute(layout(m22, "P(sum),P(sum)", shape), layout(m22, "P(max),P(max)", shape));
-  CHECK(kinds(both) == std::vector{StepKind::reduce_scatter, StepKind::reduce_scatter,
-                                   StepKind::fill, StepKind::fill});
+  CHECK(kinds(both) == std::vector{K::reduce_scatter, K::reduce_scatter, K::fill, K::fill});
   CHECK(both.bytes_recv_max() == both.lower_bound_bytes_recv_max());
 
   // (S(0), R) -> (S(1), P) on 2x4: mesh dim 1 chunked, mesh dim 0 all-gathers a quarter block,
@@ -719,7 +713,6 @@ TEST_CASE("a target Partial of another op, several target Partials, a Partial fi
   // all-to-all and scale it replaces receive twice as much.
   const DeviceMesh m24({2, 4});
   const Plan early = plan_redistribute(layout(m24, "S(0),R", shape), layout(m24, "S(1),P", shape));
-  CHECK(kinds(early) ==
-        std::vector{StepKind::chunk, StepKind::all_gather, StepKind::fill, StepKind::chunk});
+  CHECK(kinds(early) == std::vector{K::chunk, K::all_gather, K::fill, K::chunk});
   CHECK(early.bytes_recv_max() == bytes / 8);
 }

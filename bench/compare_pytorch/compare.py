@@ -618,6 +618,16 @@ def run_torch(cases: list[Case], runs: int) -> tuple[dict, dict, dict]:
 # ---------------------------------------------------------------------------------------------
 # Comparison.
 
+def collective_steps(collectives: list[dict]) -> str:
+    """The labels of one rank's recorded collectives (`*`: a CPU fallback), or a dash."""
+    return " ".join(c["label"] + ("*" if c["fallback"] else "") for c in collectives) or "—"
+
+
+def most_received(per_rank: list[list[dict]], key: str = "recv_intended") -> int:
+    """The most bytes any rank received over its recorded collectives."""
+    return max(sum(c[key] for c in collectives) for collectives in per_rank)
+
+
 def compare_case(case: Case, ours: dict, theirs: list[dict]) -> dict:
     """The row of one case: layouts, values, steps and bytes of both sides."""
     row = {"case": case.name()}
@@ -641,10 +651,10 @@ def compare_case(case: Case, ours: dict, theirs: list[dict]) -> dict:
     coll = theirs[0]["collectives"]
     row.update(
         torch_path=theirs[0]["path"],
-        torch_steps=" ".join(c["label"] + ("*" if c["fallback"] else "") for c in coll) or "—",
+        torch_steps=collective_steps(coll),
         torch_comm=len(coll),
-        torch_bytes=max(sum(c["recv_intended"] for c in t["collectives"]) for t in theirs),
-        torch_bytes_gloo=max(sum(c["recv"] for c in t["collectives"]) for t in theirs),
+        torch_bytes=most_received([t["collectives"] for t in theirs]),
+        torch_bytes_gloo=most_received([t["collectives"] for t in theirs], "recv"),
     )
     notes = [row["note"]] if row.get("note") else []
     if theirs[0]["refused"]:
@@ -678,18 +688,21 @@ def compare_case(case: Case, ours: dict, theirs: list[dict]) -> dict:
     if not all(np.array_equal(o["src"], t["src"]) for o, t in zip(ours["ranks"], theirs)):
         notes.append("source blocks differ")
     coords = [t["coord"] for t in theirs]
-    verdicts = {}
-    for side, blocks in [("ours", [o["dst"] for o in ours["ranks"]]),
-                         ("torch", [t["result"] for t in theirs])]:
+
+    def global_view_values(blocks) -> bool:
+        """Whether every rank's result block (Partial targets: reduced over each group) equals
+        its target block of the global view."""
         try:
             reduced = reduced_blocks(case, coords, blocks)
         except ValueError:  # blocks of different shapes in one group
-            verdicts[side] = False
-            continue
-        verdicts[side] = all(
+            return False
+        return all(
             matches(v, global_block(case.shape, ours["ranks"][r]["dst_offset"],
                                     ours["ranks"][r]["dst_shape"], case.dtype), case.dtype)
             for r, v in reduced.items())
+
+    verdicts = {"ours": global_view_values([o["dst"] for o in ours["ranks"]]),
+                "torch": global_view_values([t["result"] for t in theirs])}
     if any(reduce_op(p) for p in case.dst):
         parts_equal = all(np.array_equal(o["dst"], t["result"])
                           for o, t in zip(ours["ranks"], theirs))
@@ -701,21 +714,9 @@ def compare_case(case: Case, ours: dict, theirs: list[dict]) -> dict:
             row["torch_min_cost_values_equal"] = "error"
             notes.append("torch min-cost: " + next(m["error"] for m in searched if m["error"]))
         else:
-            row.update(
-                torch_min_cost_steps=" ".join(
-                    c["label"] + ("*" if c["fallback"] else "")
-                    for c in searched[0]["collectives"]) or "—",
-                torch_min_cost_bytes=max(sum(c["recv_intended"] for c in m["collectives"])
-                                         for m in searched))
-            try:
-                reduced = reduced_blocks(case, coords, [m["result"] for m in searched])
-                good = all(
-                    matches(v, global_block(case.shape, ours["ranks"][r]["dst_offset"],
-                                            ours["ranks"][r]["dst_shape"], case.dtype),
-                            case.dtype)
-                    for r, v in reduced.items())
-            except ValueError:
-                good = False
+            row.update(torch_min_cost_steps=collective_steps(searched[0]["collectives"]),
+                       torch_min_cost_bytes=most_received([m["collectives"] for m in searched]))
+            good = global_view_values([m["result"] for m in searched])
             row["torch_min_cost_values_equal"] = "yes" if good else "no"
             if not good:
                 notes.append("torch min-cost: values differ from the global view")

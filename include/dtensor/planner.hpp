@@ -292,6 +292,19 @@ constexpr Transitions scatter_reductions(const Transitions& ts, const int* dims)
   return out;
 }
 
+// Calls f(dims) for every choice of one of `nd` tensor dims for each of `count` items (dims[i]
+// is item i's), while there are at most 16 choices (none otherwise) and f returns true.
+template <class F>
+constexpr void for_each_dim_choice(int count, int nd, F&& f) {
+  int combos = nd > 0 ? 1 : 0;
+  for (int i = 0; i < count && combos <= 16; ++i) combos *= nd;
+  for (int combo = 0; combo < combos && combos <= 16; ++combo) {
+    int dims[max_mesh_dims] = {};
+    for (int i = 0, rest = combo; i < count; ++i, rest /= nd) dims[i] = rest % nd;
+    if (!f(static_cast<const int*>(dims))) return;
+  }
+}
+
 // A target Partial on mesh dim k, from a source Partial or made from Replicate: mesh dim k
 // becomes S(d) first (reduce-scattered or chunked), then the transitions to the target with
 // that S(d) made Partial among them (the order search places it; scatter_target_partial makes
@@ -1276,12 +1289,17 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   }
   if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
   consider_all_to_all(greedy);
-  // A Partial the target keeps, changes to another op, or makes from Replicate:
-  // reduce-scattered or chunked first and made last, over every choice of the tensor dim.
-  for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-    const bool reduced = a[k].is_partial() && b[k].is_partial();  // kept, or of another op
-    const bool made = a[k].is_replicate() && b[k].is_partial();
-    if (!(reduced || made) || src.mesh().size(k) == 1) continue;
+  // The target's Partials that the source has (of the same op or another) or makes from
+  // Replicate, on mesh dims of more than one rank.
+  int partial_dims[max_mesh_dims] = {};
+  int partials = 0;
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+    if ((a[k].is_partial() || a[k].is_replicate()) && b[k].is_partial() && src.mesh().size(k) > 1)
+      partial_dims[partials++] = k;
+  // Each of them reduce-scattered or chunked first and made last, over every choice of the
+  // tensor dim.
+  for (int i = 0; i < partials; ++i) {
+    const int k = partial_dims[i];
     for (int d = 0; d < src.tensor_ndim(); ++d) {
       if (!above_bound()) break;
       const detail::Transitions scattered = detail::scatter_target_partial(a, b, k, d);
@@ -1295,24 +1313,13 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
             detail::cheapest_order(src, detail::shard_then_make_partial(a, b, k, d), options));
     }
   }
-  // Several such Partials: all of them at once, over every choice of their tensor dims (at
-  // most 16 choices).
-  {
-    int ks[max_mesh_dims] = {};
-    int count = 0;
-    for (int k = 0; k < static_cast<int>(a.size()); ++k)
-      if ((a[k].is_partial() || a[k].is_replicate()) && b[k].is_partial() && src.mesh().size(k) > 1)
-        ks[count++] = k;
-    const int nd = src.tensor_ndim();
-    int combos = count >= 2 && nd > 0 ? 1 : 0;
-    for (int i = 0; i < count && combos <= 16; ++i) combos *= nd;
-    for (int combo = 0; combo < combos && combos <= 16 && above_bound(); ++combo) {
-      int dims[max_mesh_dims] = {};
-      for (int i = 0, rest = combo; i < count; ++i, rest /= nd) dims[i] = rest % nd;
+  // Several of them: all at once, over every choice of their tensor dims (at most 16 choices).
+  if (partials >= 2 && above_bound())
+    detail::for_each_dim_choice(partials, src.tensor_ndim(), [&](const int* dims) {
       consider_order(detail::cheapest_order(
-          src, detail::scatter_target_partials(a, b, ks, dims, count), options));
-    }
-  }
+          src, detail::scatter_target_partials(a, b, partial_dims, dims, partials), options));
+      return above_bound();
+    });
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) && above_bound())
@@ -1325,18 +1332,16 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       reductions += t.from.is_partial() && t.to.is_replicate() ? 1 : 0;
       collectives += moves_data(detail::step_kind(t.from, t.to)) ? 1 : 0;
     }
-    const int nd = src.tensor_ndim();
     // One all-reduce alone is its reduce-scatter and all-gather already.
-    int combos = reductions >= 1 && collectives >= 2 && nd > 0 ? 1 : 0;
-    for (int i = 0; i < reductions && combos <= 16; ++i) combos *= nd;
-    for (int combo = 0; combo < combos && combos <= 16; ++combo) {
-      int dims[max_mesh_dims] = {};
-      for (int i = 0, rest = combo; i < reductions; ++i, rest /= nd) dims[i] = rest % nd;
-      // The order search for several reductions (their scattered blocks nest); one is
-      // reduce-scattered in place and gathered last.
-      const detail::Transitions scattered = detail::scatter_reductions(greedy, dims);
-      consider_order(reductions >= 2 ? detail::cheapest_order(src, scattered, options) : scattered);
-    }
+    if (reductions >= 1 && collectives >= 2)
+      detail::for_each_dim_choice(reductions, src.tensor_ndim(), [&](const int* dims) {
+        // The order search for several reductions (their scattered blocks nest); one is
+        // reduce-scattered in place and gathered last.
+        const detail::Transitions scattered = detail::scatter_reductions(greedy, dims);
+        consider_order(reductions >= 2 ? detail::cheapest_order(src, scattered, options)
+                                       : scattered);
+        return true;
+      });
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
   detail::plan_builder::set_lower_bound(best, bound);
