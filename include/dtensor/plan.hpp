@@ -25,8 +25,8 @@ enum class StepKind : std::uint8_t {
   chunk,           // R -> S(j) on one mesh dim: keep this rank's piece, no traffic
   scale,           // R -> P(op) on one mesh dim: no traffic (see PartialFromReplicate)
   fill,            // S(i) -> P(op) on one mesh dim: the shard in a block of op's identity
-  exchange,        // any -> any without Partial (but one kept as it is): grouped point-to-point
-                   // of the missing blocks
+  exchange,        // any -> any without Partial (but one kept as it is), or from no Partial into
+                   // Partials of one op: grouped point-to-point of the missing blocks
 };
 
 // The step's spelling in explanations and JSON: "all_gather", ...

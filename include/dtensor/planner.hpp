@@ -842,8 +842,12 @@ struct plan_builder {
     const Layout& base = plan.src_;
     const CostModel& model = plan.options_.cost_model;
     StepTimes t;
-    t.exact =
-        rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have, want, model).us;
+    // An exchange into a Partial: its receives alone (its sends visit every receiver's part).
+    t.exact = s.kind == StepKind::exchange && makes_partial(s.before, s.after)
+                  ? partial_exchange_cost(base, s.before, s.after, c, model, false).us
+                  : rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have,
+                                   want, model)
+                        .us;
     if (with_padded)
       t.padded =
           rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, c, have, want, model)
@@ -918,7 +922,10 @@ struct plan_builder {
     bool fixed[max_mesh_dims] = {};
     for (int k = 0; k < mesh.ndim(); ++k) {
       fixed[k] = (all_even && !has_exchange) || !base.placement(k).is_shard();
-      for (const Step& s : plan.steps_) fixed[k] = fixed[k] && !s.after[k].is_shard();
+      for (const Step& s : plan.steps_)
+        fixed[k] = fixed[k] && !s.after[k].is_shard() &&
+                   !(s.kind == StepKind::exchange && s.after[k].is_partial() &&
+                     !s.before[k].is_partial());  // the members of its group hold different parts
     }
     auto even_collective = [&](std::size_t i) {
       return plan.steps_[i].kind != StepKind::exchange && even[i] && even[i + 1];
@@ -952,6 +959,19 @@ struct plan_builder {
       }
       any_varies = true;
     }
+    // An exchange into a Partial is costed for every rank at once (each rank's part visited
+    // once); a plan whose parts do not fit owned_part's boxes is no plan.
+    ExchangeCost partial[max_partial_exchange_ranks] = {};
+    std::size_t partial_step = plan.steps_.size();
+    for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+      const Step& s = plan.steps_[i];
+      if (s.kind != StepKind::exchange || !makes_partial(s.before, s.after)) continue;
+      if (!partial_exchange_costs(base, s.before, s.after, o.cost_model, partial)) {
+        plan.pruned_ = true;
+        return;
+      }
+      partial_step = i;
+    }
     const bool by_bytes = o.objective == Objective::bytes;
     const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
     // Every later step only adds: the plan cannot beat the incumbent once a rank's bytes so far,
@@ -977,8 +997,15 @@ struct plan_builder {
           if (moves_data(s.kind) && !uniform[i]) {
             if (!have_known) have = base.local_box(s.before, c);
             const Box want = base.local_box(s.after, c);
-            const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                                   s.padded, c, have, want, o.cost_model);
+            RankStepCost rc;
+            if (i == partial_step) {
+              const ExchangeCost& e = partial[mesh.index_of(mesh.rank(c))];
+              rc = {{bytes_mul(e.send, base.elem_bytes()), bytes_mul(e.recv, base.elem_bytes())},
+                    e.us};
+            } else {
+              rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, have,
+                                  want, o.cost_model);
+            }
             have = want;
             have_known = true;
             total.send = bytes_add(total.send, rc.bytes.send);
@@ -1040,7 +1067,9 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
     const double messages = (kind == StepKind::all_reduce ? 2.0 : 1.0) * (g - 1);
     us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
   }
-  const std::int64_t missing = missing_elements(base, mid, end, probe);
+  // Into a Partial (owned_part) the probe may receive nothing: its latency floors nothing more.
+  const std::int64_t missing =
+      makes_partial(mid, end) ? 0 : missing_elements(base, mid, end, probe);
   if (missing > 0) {
     double latency = 1e300, bandwidth = 0;
     for (int k = 0; k < mesh.ndim(); ++k) {
@@ -1088,6 +1117,27 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   for (int i = 0; i < num_reduced + num_made + num_chunked && combos <= 64; ++i) combos *= choices;
   const bool all = combos <= 64;
   if (!all) combos = 1;
+  // Straight into the target's Partials after the reductions (owned_part), where no Partial is
+  // kept: the members of each target group split what none of them holds, where an exchange to
+  // an intermediate layout and local fills give each member a slice of that layout's cut. Under
+  // the time objective it is first costed on the probe's receives alone.
+  auto into_partial = [&](const Transitions& prefix, const Placements& mid) {
+    if (made_partial_op(mid, b) == ReduceOp::avg ||
+        src.mesh().size() > max_partial_exchange_ranks || !transitions_valid(a, prefix))
+      return;
+    if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr) {
+      const double beat = plan_builder::time_to_beat(best);
+      const double floor = exchange_plan_floor_us(src, prefix, mid, b, probe, options.cost_model);
+      if (floor > beat ||
+          floor + partial_exchange_cost(src, mid, b, probe, options.cost_model, false).us > beat)
+        return;
+    }
+    const Plan p = plan_builder::build(src, dst, prefix, &b, {}, options,
+                                       plan_builder::incumbent(best), &probe);
+    if (better(p, best, options.objective)) best = p;
+  };
+  int prefixes = 1;  // the combinations of the chunked and reduced dims' choices
+  for (int i = 0; i < num_reduced + num_chunked && all; ++i) prefixes *= choices;
   // A choice of S(d) where the natural placement is S(d) repeats the combination with choice 0
   // there (a smaller one): its plan is that one's, and unless the best plan changed since, so
   // is the outcome.
@@ -1118,6 +1168,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       prefix.push_back({k, a[k], to});
       mid[k] = to;
     }
+    if (num_made + num_reduced > 0 && combo < prefixes && same_as == combo)
+      into_partial(prefix, mid);
     Placements end = mid;
     for (int i = 0; i < num_made; ++i) {
       const int k = made[i];

@@ -19,14 +19,15 @@ using namespace dtensor;
 
 struct Case {
   std::string_view mesh, from, to;
+  Objective objective = Objective::time;
 };
 
 // Runs one case; on rank 0 returns what differs ("" when nothing). `stats` (when given) gets
 // this rank's.
 template <class T>
 std::string run(const Layout& src, const Layout& dst, MpiBackend& backend,
-                ExecuteStats* stats = nullptr) {
-  const Plan plan = plan_redistribute(src, dst);
+                ExecuteStats* stats = nullptr, Objective objective = Objective::time) {
+  const Plan plan = plan_redistribute(src, dst, {.objective = objective});
   const int rank = backend.rank();
   const DeviceMesh& mesh = src.mesh();
   const std::vector<T> in = global_view_block<T>(src, rank);
@@ -103,7 +104,12 @@ int main(int argc, char** argv) {
                         {"2x4", "S(0),R", "S(1),S(0)"},
                         {"2x2x2", "S(0),S(1),R", "R,S(0),S(1)"},
                         {"2x2x2", "P,S(0),R", "R,R,S(0)"},
-                        {"2x2x2", "P(max),S(1),P", "S(0),R,S(1)"}};
+                        {"2x2x2", "P(max),S(1),P", "S(0),R,S(1)"},
+                        // Exchanges into a Partial: each group's members split what none holds.
+                        {"2x4", "R,S(0)", "P(sum),S(1)", Objective::bytes},
+                        {"2x4", "S(0),S(1)", "P(max),S(0)", Objective::bytes},
+                        {"2x2x2", "S(1),S(0),S(0)", "P(min),P(min),R", Objective::bytes},
+                        {"2x2x2", "S(0),R,S(0)", "P(sum),S(0),S(0)"}};
   const Shape shapes[] = {{16, 8}, {5, 7}};
   const DType dtypes[] = {DType::f32, DType::i64, DType::bf16};
   int passed = 0, failed = 0;
@@ -120,8 +126,8 @@ int main(int argc, char** argv) {
           continue;
         const Layout src(mesh, parse_placements(c.from), shape, dtype);
         const Layout dst(mesh, parse_placements(c.to), shape, dtype);
-        const std::string problem =
-            detail::visit_dtype(dtype, [&]<class T>() { return run<T>(src, dst, backend); });
+        const std::string problem = detail::visit_dtype(
+            dtype, [&]<class T>() { return run<T>(src, dst, backend, nullptr, c.objective); });
         int bad = problem.empty() ? 0 : 1, any = 0;
         MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (any) {

@@ -6,6 +6,7 @@
 #include "../layout.hpp"
 #include "../plan.hpp"
 #include "checked.hpp"
+#include "partial_exchange.hpp"
 
 // What one step costs one rank: the bytes it sends and receives, under the ring-algorithm
 // convention of nccl-tests' bus bandwidth, and the cost model's time for them.
@@ -64,6 +65,17 @@ constexpr void for_each_exchange_source(const Layout& base, const Placements& be
   const DeviceMesh& mesh = base.mesh();
   bool fixed[max_mesh_dims] = {};
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
+  if (makes_partial(before, after)) {
+    // Into a Partial: the receiver's own part of its group's block (owned_part).
+    const OwnedPart part = owned_part(base, before, after, receiver);
+    for (const Box& kept : part.held) f(receiver, kept);
+    for (const Box& want : part.received)
+      for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
+        const Box piece = intersect(want, base.local_box(before, source));
+        if (!piece.empty()) f(source, piece);
+      });
+    return;
+  }
   const Box want = base.local_box(after, receiver);
   if (want.empty()) return;
   for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
@@ -82,6 +94,21 @@ constexpr void for_each_exchange_target(const Layout& base, const Placements& be
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
   const Box have = base.local_box(before, sender);
   if (have.empty()) return;
+  if (makes_partial(before, after)) {
+    // Into a Partial: each receiver's own part of its group's block (owned_part), in its order.
+    for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
+      const OwnedPart part = owned_part(base, before, after, receiver);
+      if (receiver == sender) {
+        for (const Box& kept : part.held) f(receiver, kept);
+        return;
+      }
+      for (const Box& want : part.received) {
+        const Box piece = intersect(have, want);
+        if (!piece.empty()) f(receiver, piece);
+      }
+    });
+    return;
+  }
   for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
     const Box piece = intersect(have, base.local_box(after, receiver));
     if (!piece.empty()) f(receiver, piece);
@@ -272,6 +299,74 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   return out;
 }
 
+// Adds to `out` the receives of an exchange, `elements` in `messages` point-to-point messages
+// over the link of each mesh dim (indexed by the outermost mesh dim where the sender differs).
+constexpr void add_receives(const Layout& base, const CostModel& cost, const std::int64_t* elements,
+                            const std::int64_t* messages, ExchangeCost& out) {
+  for (int k = 0; k < base.mesh().ndim(); ++k) {
+    if (elements[k] == 0) continue;
+    out.recv += elements[k];
+    out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages[k]),
+                                   double(elements[k]) * double(base.elem_bytes()));
+  }
+}
+
+// An exchange into a Partial (owned_part), seen from the rank at `coord`: the elements it
+// receives, as one message per piece, priced by the link of the outermost mesh dim where the
+// source's coordinates differ from its own (as exchange_cost); with `sends`, also the elements
+// it sends (which visits every receiver's part).
+constexpr ExchangeCost partial_exchange_cost(const Layout& base, const Placements& before,
+                                             const Placements& after, const MeshCoord& coord,
+                                             const CostModel& cost, bool sends = true) {
+  ExchangeCost out;
+  std::int64_t elements[max_mesh_dims] = {}, messages[max_mesh_dims] = {};
+  for_each_exchange_source(base, before, after, coord,
+                           [&](const MeshCoord& source, const Box& piece) {
+                             if (source == coord) return;
+                             const int k = outermost_difference(source, coord);
+                             elements[k] += piece.numel();
+                             ++messages[k];
+                           });
+  add_receives(base, cost, elements, messages, out);
+  if (sends)
+    for_each_exchange_target(base, before, after, coord,
+                             [&](const MeshCoord& receiver, const Box& piece) {
+                               if (!(receiver == coord)) out.send += piece.numel();
+                             });
+  return out;
+}
+
+// As partial_exchange_cost, for every rank at once (out[i] for the rank at index i of the mesh,
+// out having max_partial_exchange_ranks entries): each rank's part is visited once, and its
+// pieces counted on both ends. False when the mesh has more ranks or some part does not fit
+// owned_part's boxes.
+constexpr bool partial_exchange_costs(const Layout& base, const Placements& before,
+                                      const Placements& after, const CostModel& cost,
+                                      ExchangeCost* out) {
+  const DeviceMesh& mesh = base.mesh();
+  const int ranks = mesh.size();
+  if (ranks > max_partial_exchange_ranks) return false;
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
+  for (int i = 0; i < ranks; ++i) {
+    const MeshCoord receiver = mesh.coordinate(mesh.rank_at(i));
+    const OwnedPart part = owned_part(base, before, after, receiver);
+    if (!part.ok) return false;
+    std::int64_t elements[max_mesh_dims] = {}, messages[max_mesh_dims] = {};
+    for (const Box& want : part.received)
+      for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
+        const std::int64_t piece = overlap_numel(want, base.local_box(before, source));
+        if (piece == 0) return;
+        const int k = outermost_difference(source, receiver);
+        elements[k] += piece;
+        ++messages[k];
+        out[mesh.index_of(mesh.rank(source))].send += piece;
+      });
+    add_receives(base, cost, elements, messages, out[i]);
+  }
+  return true;
+}
+
 // Bytes and time of one step for the rank at `coord`, whose blocks before and after the step
 // are `mine_before` and `mine_after`. `padded` pads uneven pieces to the group's largest;
 // otherwise the step moves exact sizes in point-to-point rounds. `base` gives the mesh, shape,
@@ -283,7 +378,10 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   RankStepCost out;
   const std::int64_t elem = base.elem_bytes();
   if (kind == StepKind::exchange) {
-    const ExchangeCost e = exchange_cost(base, before, after, coord, mine_before, mine_after, cost);
+    const ExchangeCost e =
+        makes_partial(before, after)
+            ? partial_exchange_cost(base, before, after, coord, cost)
+            : exchange_cost(base, before, after, coord, mine_before, mine_after, cost);
     out.bytes = {bytes_mul(e.send, elem), bytes_mul(e.recv, elem)};
     out.us = e.us;
     return out;

@@ -742,6 +742,10 @@ template <class L, class Ops>
 Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
                                std::byte* out) {
   const ExchangeWay w = exchange_way(c, abilities_of<L>);
+  // Into a Partial: the identity wherever another member of the group holds the value.
+  if (makes_partial(c.step.before, c.step.after))
+    ops.fill_identity(c.plan.src().dtype(), out, static_cast<std::size_t>(c.want.numel()),
+                      made_partial_op(c.step.before, c.step.after));
   for (const Box& piece : w.own) copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
   const StagingBuffers b(ops, w, c.spare);
   Messages m;
