@@ -230,6 +230,31 @@ TEST_CASE("aligned plans: no more collectives than the longest one", "[batch]") 
   CHECK(v.collectives <= most);
 }
 
+TEST_CASE("exchanges into a Partial share one point-to-point round with other exchanges",
+          "[batch]") {
+  // Under the bytes objective each of these is one exchange (the first two into a Partial, each
+  // group's ranks splitting what none of them holds): one round moves all four.
+  const DeviceMesh m({2, 4});
+  const std::vector<Redistribution> batch{
+      pair(m, "R,S(0)", "P(sum),S(1)", {16, 8}),
+      pair(m, "S(0),S(1)", "P(max),S(0)", {5, 7}, DType::i64),
+      pair(m, "S(0),R", "R,S(0)", {16, 8}, DType::bf16),
+      pair(m, "S(1),S(0)", "P(min),S(1)", {8, 12}, DType::i32),
+  };
+  const BatchPlan<8> b = plan_batch<8>(batch, {.objective = Objective::bytes});
+  for (const Plan& p : b) {
+    REQUIRE(p.size() == 1);
+    CHECK(p[0].kind == StepKind::exchange);
+    CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
+  }
+  CHECK(detail::makes_partial(b[0][0].before, b[0][0].after));
+  CHECK(b.collectives() == 1);
+  const BatchVerification v = verify_batch_on_simulator(b);
+  INFO(v.difference);
+  CHECK(v.verified);
+  CHECK(v.collectives == 1);
+}
+
 TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every rank",
           "[batch][oracle]") {
   std::mt19937 rng(20261123);

@@ -961,7 +961,7 @@ struct plan_builder {
     }
     // An exchange into a Partial is costed for every rank at once (each rank's part visited
     // once); a plan whose parts do not fit owned_part's boxes is no plan.
-    ExchangeCost partial[max_partial_exchange_ranks] = {};
+    RankExchangeCosts partial;  // NOLINT(cppcoreguidelines-pro-type-member-init): written first
     std::size_t partial_step = plan.steps_.size();
     for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
       const Step& s = plan.steps_[i];
@@ -999,9 +999,10 @@ struct plan_builder {
             const Box want = base.local_box(s.after, c);
             RankStepCost rc;
             if (i == partial_step) {
-              const ExchangeCost& e = partial[mesh.index_of(mesh.rank(c))];
-              rc = {{bytes_mul(e.send, base.elem_bytes()), bytes_mul(e.recv, base.elem_bytes())},
-                    e.us};
+              const int at = mesh.index_of(mesh.rank(c));
+              rc = {{bytes_mul(partial.send[at], base.elem_bytes()),
+                     bytes_mul(partial.recv[at], base.elem_bytes())},
+                    partial.us[at]};
             } else {
               rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, have,
                                   want, o.cost_model);

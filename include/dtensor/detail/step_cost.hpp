@@ -336,16 +336,24 @@ constexpr ExchangeCost partial_exchange_cost(const Layout& base, const Placement
   return out;
 }
 
-// As partial_exchange_cost, for every rank at once (out[i] for the rank at index i of the mesh,
-// out having max_partial_exchange_ranks entries): each rank's part is visited once, and its
-// pieces counted on both ends. False when the mesh has more ranks or some part does not fit
-// owned_part's boxes.
+// Every rank's figures for one exchange into a Partial (partial_exchange_costs), by the rank's
+// index in the mesh. No initializers: a plan without such a step leaves them unwritten, unread.
+struct RankExchangeCosts {
+  std::int64_t send[max_partial_exchange_ranks];  // elements
+  std::int64_t recv[max_partial_exchange_ranks];  // elements
+  double us[max_partial_exchange_ranks];
+};
+
+// As partial_exchange_cost, for every rank at once: each rank's part is visited once, and its
+// pieces counted on both ends. False when the mesh has more than max_partial_exchange_ranks
+// ranks or some part does not fit owned_part's boxes.
 constexpr bool partial_exchange_costs(const Layout& base, const Placements& before,
                                       const Placements& after, const CostModel& cost,
-                                      ExchangeCost* out) {
+                                      RankExchangeCosts& out) {
   const DeviceMesh& mesh = base.mesh();
   const int ranks = mesh.size();
   if (ranks > max_partial_exchange_ranks) return false;
+  for (int i = 0; i < ranks; ++i) out.send[i] = 0;
   bool fixed[max_mesh_dims] = {};
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
   for (int i = 0; i < ranks; ++i) {
@@ -360,9 +368,12 @@ constexpr bool partial_exchange_costs(const Layout& base, const Placements& befo
         const int k = outermost_difference(source, receiver);
         elements[k] += piece;
         ++messages[k];
-        out[mesh.index_of(mesh.rank(source))].send += piece;
+        out.send[mesh.index_of(mesh.rank(source))] += piece;
       });
-    add_receives(base, cost, elements, messages, out[i]);
+    ExchangeCost mine;
+    add_receives(base, cost, elements, messages, mine);
+    out.recv[i] = mine.recv;
+    out.us[i] = mine.us;
   }
   return true;
 }
