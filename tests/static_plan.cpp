@@ -46,6 +46,18 @@ static_assert(plan_redistribute(uneven("S(0),R"), uneven("R,S(1)")).bytes_recv_m
               plan_redistribute(uneven("S(0),R"), uneven("R,S(1)")).lower_bound_bytes_recv_max());
 static_assert(plan_redistribute(uneven("P,S(0)"), uneven("S(1),S(0)")).size() >= 1);
 
+// An exchange into a Partial: the two ranks of each column group of (P(sum), S(1)) hold the
+// same rows and split the rows they lack, a quarter of the block each, the bound.
+constexpr PlanOptions fewest_bytes{.objective = Objective::bytes};
+constexpr Layout square(const char* placements) {
+  return {DeviceMesh({2, 2}), parse_placements(placements), {8, 16}};
+}
+static_assert(plan_redistribute(square("R,S(0)"), square("P(sum),S(1)"), fewest_bytes).size() == 1);
+static_assert(plan_redistribute(square("R,S(0)"), square("P(sum),S(1)"), fewest_bytes)
+                  .bytes_recv_max() == 64);
+static_assert(plan_redistribute(square("R,S(0)"), square("P(sum),S(1)"), fewest_bytes)
+                  .lower_bound_bytes_recv_max() == 64);
+
 // Adjoint pairs.
 static_assert(plan_adjoint(on1("S(0)"), on1("R"))[0].kind == StepKind::reduce_scatter);
 static_assert(plan_adjoint(on1("R"), on1("S(0)"))[0].kind == StepKind::fill);

@@ -1133,7 +1133,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
           floor + partial_exchange_cost(src, mid, b, probe, options.cost_model, false).us > beat)
         return;
     }
-    const Plan p = plan_builder::build(src, dst, prefix, &b, {}, options,
+    const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
+    const Plan p = plan_builder::build(src, dst, prefix, &end, {}, options,
                                        plan_builder::incumbent(best), &probe);
     if (better(p, best, options.objective)) best = p;
   };
