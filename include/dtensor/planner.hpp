@@ -1049,6 +1049,22 @@ struct plan_builder {
 
 constexpr bool better(const Plan& a, const Plan& b, Objective objective);
 
+// The fewest elements the rank at `coord` receives in an exchange from `mid` into the Partials
+// of `end` (owned_part): its group splits evenly what none of its members holds, so at least the
+// floor of the even share.
+constexpr std::int64_t partial_share_floor(const Layout& base, const Placements& mid,
+                                           const Placements& end, const MeshCoord& coord) {
+  const DeviceMesh& mesh = base.mesh();
+  bool fixed[max_mesh_dims] = {};
+  std::int64_t group = 1;
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    fixed[k] = !end[k].is_partial() || mid[k].is_partial();
+    if (!fixed[k]) group *= mesh.size(k);
+  }
+  const Box block = base.local_box(end, coord);
+  return (block.numel() - union_numel(base, mid, coord, fixed, block)) / group;
+}
+
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
 // make no Partial) followed by an exchange from `mid` to `end` (no Partial): every collective
 // costs every rank at least its messages' latency; the exchange costs the rank at `probe`, if it
@@ -1068,9 +1084,8 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
     const double messages = (kind == StepKind::all_reduce ? 2.0 : 1.0) * (g - 1);
     us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
   }
-  // Into a Partial (owned_part) the probe may receive nothing: its latency floors nothing more.
-  const std::int64_t missing =
-      makes_partial(mid, end) ? 0 : missing_elements(base, mid, end, probe);
+  const std::int64_t missing = makes_partial(mid, end) ? partial_share_floor(base, mid, end, probe)
+                                                       : missing_elements(base, mid, end, probe);
   if (missing > 0) {
     double latency = 1e300, bandwidth = 0;
     for (int k = 0; k < mesh.ndim(); ++k) {
@@ -1121,16 +1136,19 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // Straight into the target's Partials after the reductions (owned_part), where no Partial is
   // kept: the members of each target group split what none of them holds, where an exchange to
   // an intermediate layout and local fills give each member a slice of that layout's cut. Under
-  // the time objective it is first costed on the probe's receives alone.
+  // the time objective it must first pass a floor (the probe's share of what its group lacks),
+  // then the probe's receives costed exactly.
   auto into_partial = [&](const Transitions& prefix, const Placements& mid) {
     if (made_partial_op(mid, b) == ReduceOp::avg ||
         src.mesh().size() > max_partial_exchange_ranks || !transitions_valid(a, prefix))
       return;
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr) {
+      const CostModel& model = options.cost_model;
       const double beat = plan_builder::time_to_beat(best);
-      const double floor = exchange_plan_floor_us(src, prefix, mid, b, probe, options.cost_model);
-      if (floor > beat ||
-          floor + partial_exchange_cost(src, mid, b, probe, options.cost_model, false).us > beat)
+      if (exchange_plan_floor_us(src, prefix, mid, b, probe, model) > beat ||
+          exchange_plan_floor_us(src, prefix, mid, mid, probe, model) +
+                  partial_exchange_cost(src, mid, b, probe, model, false).us >
+              beat)
         return;
     }
     const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
