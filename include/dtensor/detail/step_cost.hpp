@@ -55,6 +55,22 @@ constexpr int outermost_difference(const MeshCoord& a, const MeshCoord& b) noexc
   return -1;
 }
 
+// The pieces the rank at `receiver` gets from others in an exchange into a Partial, given its
+// part (owned_part): f(source, piece) for every source block that meets a box it receives (the
+// source whose coordinates on the non-shard dims of `before` are the receiver's, as below).
+template <class F>
+constexpr void for_each_received_piece(const Layout& base, const Placements& before,
+                                       const OwnedPart& part, const MeshCoord& receiver, F&& f) {
+  const DeviceMesh& mesh = base.mesh();
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
+  for (const Box& want : part.received)
+    for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
+      const Box piece = intersect(want, base.local_box(before, source));
+      if (!piece.empty()) f(source, piece);
+    });
+}
+
 // An exchange moves, to each rank r, the part of its target block it lacks. It receives each
 // source tile from the holder whose coordinates on the source's non-shard dims equal r's (a
 // replica next to it), so each rank receives exactly |dst(r)| - |dst(r) ∩ src(r)| elements.
@@ -69,11 +85,7 @@ constexpr void for_each_exchange_source(const Layout& base, const Placements& be
     // Into a Partial: the receiver's own part of its group's block (owned_part).
     const OwnedPart part = owned_part(base, before, after, receiver);
     for (const Box& kept : part.held) f(receiver, kept);
-    for (const Box& want : part.received)
-      for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
-        const Box piece = intersect(want, base.local_box(before, source));
-        if (!piece.empty()) f(source, piece);
-      });
+    for_each_received_piece(base, before, part, receiver, f);
     return;
   }
   const Box want = base.local_box(after, receiver);
@@ -299,35 +311,39 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   return out;
 }
 
-// Adds to `out` the receives of an exchange, `elements` in `messages` point-to-point messages
-// over the link of each mesh dim (indexed by the outermost mesh dim where the sender differs).
-constexpr void add_receives(const Layout& base, const CostModel& cost, const std::int64_t* elements,
-                            const std::int64_t* messages, ExchangeCost& out) {
+// The receives of the rank at `receiver` in an exchange into a Partial, given its part
+// (owned_part): one message per piece, priced by the link of the outermost mesh dim where the
+// source's coordinates differ from its own (as exchange_cost). f(source, piece) sees each piece.
+template <class F>
+constexpr ExchangeCost partial_receives(const Layout& base, const Placements& before,
+                                        const OwnedPart& part, const MeshCoord& receiver,
+                                        const CostModel& cost, F&& f) {
+  std::int64_t elements[max_mesh_dims] = {}, messages[max_mesh_dims] = {};
+  for_each_received_piece(base, before, part, receiver,
+                          [&](const MeshCoord& source, const Box& piece) {
+                            const int k = outermost_difference(source, receiver);
+                            elements[k] += piece.numel();
+                            ++messages[k];
+                            f(source, piece);
+                          });
+  ExchangeCost out;
   for (int k = 0; k < base.mesh().ndim(); ++k) {
     if (elements[k] == 0) continue;
     out.recv += elements[k];
     out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages[k]),
                                    double(elements[k]) * double(base.elem_bytes()));
   }
+  return out;
 }
 
-// An exchange into a Partial (owned_part), seen from the rank at `coord`: the elements it
-// receives, as one message per piece, priced by the link of the outermost mesh dim where the
-// source's coordinates differ from its own (as exchange_cost); with `sends`, also the elements
-// it sends (which visits every receiver's part).
+// An exchange into a Partial (owned_part), seen from the rank at `coord`: its receives
+// (partial_receives) and, with `sends`, the elements it sends (which visits every receiver's
+// part).
 constexpr ExchangeCost partial_exchange_cost(const Layout& base, const Placements& before,
                                              const Placements& after, const MeshCoord& coord,
                                              const CostModel& cost, bool sends = true) {
-  ExchangeCost out;
-  std::int64_t elements[max_mesh_dims] = {}, messages[max_mesh_dims] = {};
-  for_each_exchange_source(base, before, after, coord,
-                           [&](const MeshCoord& source, const Box& piece) {
-                             if (source == coord) return;
-                             const int k = outermost_difference(source, coord);
-                             elements[k] += piece.numel();
-                             ++messages[k];
-                           });
-  add_receives(base, cost, elements, messages, out);
+  ExchangeCost out = partial_receives(base, before, owned_part(base, before, after, coord), coord,
+                                      cost, [](const MeshCoord&, const Box&) {});
   if (sends)
     for_each_exchange_target(base, before, after, coord,
                              [&](const MeshCoord& receiver, const Box& piece) {
@@ -354,24 +370,14 @@ constexpr bool partial_exchange_costs(const Layout& base, const Placements& befo
   const int ranks = mesh.size();
   if (ranks > max_partial_exchange_ranks) return false;
   for (int i = 0; i < ranks; ++i) out.send[i] = 0;
-  bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
   for (int i = 0; i < ranks; ++i) {
     const MeshCoord receiver = mesh.coordinate(mesh.rank_at(i));
     const OwnedPart part = owned_part(base, before, after, receiver);
     if (!part.ok) return false;
-    std::int64_t elements[max_mesh_dims] = {}, messages[max_mesh_dims] = {};
-    for (const Box& want : part.received)
-      for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
-        const std::int64_t piece = overlap_numel(want, base.local_box(before, source));
-        if (piece == 0) return;
-        const int k = outermost_difference(source, receiver);
-        elements[k] += piece;
-        ++messages[k];
-        out.send[mesh.index_of(mesh.rank(source))] += piece;
-      });
-    ExchangeCost mine;
-    add_receives(base, cost, elements, messages, mine);
+    const ExchangeCost mine = partial_receives(
+        base, before, part, receiver, cost, [&](const MeshCoord& source, const Box& piece) {
+          out.send[mesh.index_of(mesh.rank(source))] += piece.numel();
+        });
     out.recv[i] = mine.recv;
     out.us[i] = mine.us;
   }
