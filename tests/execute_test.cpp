@@ -86,10 +86,11 @@ struct Outcome {
 };
 
 template <class T>
-Outcome run_case(const Layout& src, const Layout& dst, const PlanOptions& options = {}) {
+Outcome run_plan(const Plan& plan) {
+  const Layout& src = plan.src();
+  const Layout& dst = plan.dst();
   const DeviceMesh& mesh = src.mesh();
   const int n = mesh.size();
-  const Plan plan = plan_redistribute(src, dst, options);
   const Global g = linear_index(src.global_shape());
   std::vector<std::vector<T>> in(static_cast<std::size_t>(n)), out(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
@@ -237,6 +238,11 @@ struct Tally {
   }
 };
 
+template <class T>
+Outcome run_case(const Layout& src, const Layout& dst, const PlanOptions& options = {}) {
+  return run_plan<T>(plan_redistribute(src, dst, options));
+}
+
 Outcome run_case(DType dtype, const Layout& src, const Layout& dst, const PlanOptions& options) {
   return detail::visit_dtype(dtype, [&]<class T>() { return run_case<T>(src, dst, options); });
 }
@@ -278,6 +284,44 @@ TEST_CASE("the global view: every pair of the planner's matrix, executed", "[exe
     });
   }
   fmt::print("global-view oracle: {} runs, {} failed\n", tally.runs, tally.failures);
+  CHECK(tally.failures == 0);
+}
+
+TEST_CASE("an exchange from a Partial, on every pair it applies to",
+          "[execute][oracle][exchange]") {
+  // The one-step plan, whatever the planner would choose: every reduced op, even and uneven
+  // shapes.
+  const Placement options[] = {
+      Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max), Partial(ReduceOp::avg)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  Tally tally;
+  int fewer = 0;
+  for (const DeviceMesh& m : meshes)
+    testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+      if (!detail::exchange_reduces(a, b)) return;
+      for (const Shape& shape : {Shape{16, 8}, Shape{5, 7}})
+        for (DType dtype : {DType::f32, DType::i64, DType::bf16}) {
+          // Integer and bf16 reductions on the smaller meshes.
+          if (!testing::placements_fit(a, dtype) || (dtype != DType::f32 && m.size() > 4)) continue;
+          const Layout src(m, a, shape, dtype), dst(m, b, shape, dtype);
+          const Placements end = b;
+          const Plan plan = detail::plan_builder::build(
+              src, dst, {}, &end, {}, PlanOptions{}.with_cost_model(CostModel::defaults(m)));
+          REQUIRE(plan.size() == 1);
+          const Outcome o =
+              detail::visit_dtype(dtype, [&]<class T>() { return run_plan<T>(plan); });
+          tally.add(o, fmt::format("{} {} {} {} -> {}", m, shape, dtype, a, b));
+          if (dtype == DType::f32 &&
+              plan.bytes_recv_max() <
+                  plan_redistribute(src, dst, {.allow_exchange = false}).bytes_recv_max())
+            ++fewer;
+        }
+    });
+  fmt::print("exchange from a Partial: {} runs, {} failed; fewer bytes than collectives in {}\n",
+             tally.runs, tally.failures, fewer);
+  CHECK(tally.runs > 1000);
+  CHECK(fewer > 0);
   CHECK(tally.failures == 0);
 }
 

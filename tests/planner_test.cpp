@@ -7,6 +7,8 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <limits>
+#include <span>
 #include <vector>
 
 using namespace dtensor;
@@ -66,6 +68,28 @@ RankBytes reference_bytes(const Layout& base, const Step& s, const MeshCoord& me
                                      [&](const MeshCoord& to, const Box& piece) {
                                        if (!(to == me)) out.send += piece.numel() * elem;
                                      });
+    return out;
+  }
+  if (s.kind == K::exchange && detail::exchange_reduces(s.before, s.after)) {
+    // From a Partial: a rank receives every other member's partial of its part, then what of
+    // its target block it does not own; it sends its partial of the others' parts, then its
+    // part's pieces to every rank whose target holds them, among those with its coordinates on
+    // the source's Replicate dims.
+    const DeviceMesh& mesh = base.mesh();
+    const unsigned dims = detail::reduced_partials(s.before, s.after).dims;
+    const detail::GroupParts parts = detail::group_parts(base, s.before, s.after, dims, me);
+    const Box own = parts.part(detail::group_index(mesh, me, dims));
+    const Box want = after.local_box(me);
+    out.recv = ((parts.members - 1) * own.numel() + want.numel() - overlap_numel(want, own)) * elem;
+    out.send = parts.block.numel() - own.numel();
+    for (int r = 0; r < mesh.size(); ++r) {
+      const MeshCoord c = mesh.coordinate(r);
+      bool next_to = !(c == me);
+      for (int k = 0; k < mesh.ndim(); ++k)
+        next_to = next_to && (c[k] == me[k] || !s.before[k].is_replicate());
+      if (next_to) out.send += overlap_numel(own, after.local_box(c));
+    }
+    out.send *= elem;
     return out;
   }
   if (s.kind == K::exchange) {
@@ -547,6 +571,99 @@ TEST_CASE("an exchange into a Partial: each group splits what none of its member
   }));
 }
 
+TEST_CASE("an exchange from a Partial: each group reduces parts cut to what its members keep",
+          "[planner][exchange]") {
+  // (P(sum), S(0)) -> (S(0), S(1)) on 2x2: the two ranks of a column group hold partials of the
+  // same rows; the one whose target lies in them owns those and a quarter more, the other the
+  // rest: 192 B per rank over both rounds, where the all-to-all and reduce-scatter receive 256 B.
+  const DeviceMesh square({2, 2});
+  const Layout rows = layout(square, "P(sum),S(0)", {8, 16});
+  const PlanOptions by_bytes{.objective = Objective::bytes};
+  const Plan p = plan_redistribute(rows, layout(square, "S(0),S(1)", {8, 16}), by_bytes);
+  REQUIRE(kinds(p) == std::vector{K::exchange});
+  CHECK(p.bytes_recv_max() == 192);
+  CHECK(plan_redistribute(rows, layout(square, "S(0),S(1)", {8, 16}),
+                          {.objective = Objective::bytes, .allow_exchange = false})
+            .bytes_recv_max() == 256);
+  // (P(max), S(0)) -> (R, S(1)): 320 B where the all-reduce and all-to-all receive 384 B.
+  CHECK(plan_redistribute(layout(square, "P(max),S(0)", {8, 16}), layout(square, "R,S(1)", {8, 16}),
+                          by_bytes)
+            .bytes_recv_max() == 320);
+  // A batch's rounds run one point-to-point round per step: its plans reduce by collectives.
+  const Redistribution one[] = {{rows, layout(square, "S(0),S(1)", {8, 16})}};
+  CHECK(plan_batch(std::span<const Redistribution>(one), by_bytes)[0].bytes_recv_max() == 256);
+  // The parts of every group tile its block, and no cut along one tensor dim, in either order of
+  // the members, gives its busiest member fewer elements to receive (brute force, groups of up to
+  // 4); the one-step plan's bytes are as defined.
+  auto count = [](const Box& part, const Box& target, int g) {
+    return (g - 1) * part.numel() + target.numel() - overlap_numel(part, target);
+  };
+  for (const DeviceMesh& m : {DeviceMesh({4}), square, DeviceMesh({2, 4})})
+    for (const char* from : {"P(sum)", "P(sum),S(0)", "S(1),P(max)", "R,P(sum)", "P(sum),P(sum)"})
+      for (const char* to : {"S(0)", "R,S(1)", "S(1),S(0)", "S(0),S(0)", "S(1),R"})
+        for (const Shape& shape : {Shape{8, 16}, Shape{5, 7}, Shape{3, 2}}) {
+          const Placements a = parse_placements(from), b = parse_placements(to);
+          if (static_cast<int>(a.size()) != m.ndim() || static_cast<int>(b.size()) != m.ndim())
+            continue;
+          const Layout src(m, a, shape, DType::f32), dst(m, b, shape, DType::f32);
+          INFO(fmt::format("{} {} {} -> {}", m, shape, from, to));
+          const unsigned dims = detail::reduced_partials(a, b).dims;
+          REQUIRE(dims != 0);
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            if (detail::group_index(m, c, dims) != 0) continue;
+            const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c);
+            const int g = parts.members;
+            std::vector<Box> targets;
+            std::int64_t total = 0, busiest = 0;
+            for (int j = 0; j < g; ++j) {
+              targets.push_back(dst.local_box(detail::group_member(m, c, dims, j)));
+              const Box part = parts.part(j);
+              CHECK(overlap_numel(part, parts.block) == part.numel());
+              for (int q = 0; q < j; ++q) CHECK(overlap_numel(part, parts.part(q)) == 0);
+              total += part.numel();
+              busiest = std::max(busiest, count(part, targets.back(), g));
+            }
+            CHECK(total == parts.block.numel());
+            if (g > 4) continue;
+            std::int64_t least = std::numeric_limits<std::int64_t>::max();
+            for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+              const std::int64_t lo = parts.block.offset[d], hi = lo + parts.block.shape[d];
+              std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, lo);
+              cut.back() = hi;
+              // Every non-decreasing choice of the inner cuts.
+              for (;;) {
+                for (const bool reversed : {false, true}) {
+                  std::int64_t most = 0;
+                  for (int j = 0; j < g; ++j) {
+                    const int i = reversed ? g - 1 - j : j;
+                    Box part = parts.block;
+                    part.offset[d] = cut[i];
+                    part.shape[d] = cut[i + 1] - cut[i];
+                    most = std::max(most, count(part, targets[j], g));
+                  }
+                  least = std::min(least, most);
+                }
+                int i = g - 1;
+                while (i > 0 && cut[i] == hi) --i;
+                if (i == 0) break;
+                ++cut[i];
+                for (int q = i + 1; q < g; ++q) cut[q] = cut[i];
+              }
+            }
+            CHECK(busiest == least);
+          }
+          const Placements end = b;
+          const Plan one_step = detail::plan_builder::build(
+              src, dst, {}, &end, {}, PlanOptions{}.with_cost_model(CostModel::defaults(m)));
+          REQUIRE(one_step.size() == 1);
+          for (int r = 0; r < m.size(); ++r) {
+            const RankBytes want = reference_bytes(src, one_step[0], m.coordinate(r));
+            CHECK(step_rank_bytes(one_step, 0, r) == want);
+          }
+        }
+}
+
 TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never below the bound",
           "[planner][exhaustive]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
@@ -580,7 +697,11 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
           for (std::size_t i = 0; i < p.size(); ++i) {
             const Step& s = p[i];
             RankBytes step_most;
-            double us_most = 0;
+            // The slowest rank's time; an exchange from a Partial's two rounds, each the
+            // slowest rank's.
+            double us_most = 0, first_most = 0, second_most = 0;
+            const bool two_rounds =
+                s.kind == K::exchange && detail::exchange_reduces(s.before, s.after);
             for (int r = 0; r < m.size(); ++r) {
               const RankBytes rb = step_rank_bytes(p, i, r);
               REQUIRE(rb == reference_bytes(p.src(), s, m.coordinate(r)));
@@ -590,10 +711,19 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
                   us_most, detail::rank_step_cost(p.src(), s.before, s.after, s.kind, s.mesh_dim,
                                                   s.padded, m.coordinate(r), p.cost_model())
                                .us);
+              if (two_rounds) {
+                const detail::ExchangeCost e = detail::reducing_exchange_cost(
+                    p.src(), s.before, s.after, m.coordinate(r), p.cost_model());
+                first_most = std::max(first_most, e.first_round_us);
+                second_most = std::max(second_most, e.us - e.first_round_us);
+              }
             }
             REQUIRE(s.bytes_recv_max == step_most.recv);
             REQUIRE(s.bytes_send_max == step_most.send);
-            REQUIRE(s.est_us == us_most);
+            if (two_rounds)
+              REQUIRE(s.est_us == Approx(first_most + second_most).epsilon(1e-12));
+            else
+              REQUIRE(s.est_us == us_most);
             REQUIRE(s.before == state);
             if (s.kind != K::exchange)
               REQUIRE(detail::transition_valid(s.mesh_dim, s.before, s.after));

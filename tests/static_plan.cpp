@@ -58,6 +58,14 @@ static_assert(plan_redistribute(square("R,S(0)"), square("P(sum),S(1)"), fewest_
 static_assert(plan_redistribute(square("R,S(0)"), square("P(sum),S(1)"), fewest_bytes)
                   .lower_bound_bytes_recv_max() == 64);
 
+// An exchange from a Partial: each column group of (P(sum), S(0)) reduces its rows in two
+// parts, the larger to the member whose target lies in them; 192 B per rank, where an
+// all-to-all and a reduce-scatter receive 256 B.
+static_assert(plan_redistribute(square("P(sum),S(0)"), square("S(0),S(1)"), fewest_bytes).size() ==
+              1);
+static_assert(plan_redistribute(square("P(sum),S(0)"), square("S(0),S(1)"), fewest_bytes)
+                  .bytes_recv_max() == 192);
+
 // Adjoint pairs.
 static_assert(plan_adjoint(on1("S(0)"), on1("R"))[0].kind == StepKind::reduce_scatter);
 static_assert(plan_adjoint(on1("R"), on1("S(0)"))[0].kind == StepKind::fill);

@@ -417,7 +417,8 @@ constexpr void BatchPlan<N>::cost() {
 }
 
 // The batched plan of `batch` (at most N tensors, all on one mesh; shapes, dtypes and
-// placements may differ): each tensor planned by plan_redistribute with `options`, then its
+// placements may differ): each tensor planned by plan_redistribute with `options` (but no
+// exchange from a Partial, whose two rounds a batch's one round per step cannot run), then its
 // steps grouped into rounds as `schedule` says.
 template <std::size_t N = default_batch_capacity>
 constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOptions options = {},
@@ -428,7 +429,7 @@ constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOpt
     if (!(batch[t].src.mesh() == batch[0].src.mesh()))
       detail::fail<detail::why::batch_mesh_mismatch>(t, batch[t].src.mesh().shape(),
                                                      batch[0].src.mesh().shape());
-    out.plans_.push_back(plan_redistribute(batch[t].src, batch[t].dst, options));
+    out.plans_.push_back(detail::plan_redistribute(batch[t].src, batch[t].dst, options, false));
   }
   out.schedule(schedule);
   return out;

@@ -843,7 +843,9 @@ struct plan_builder {
     const CostModel& model = plan.options_.cost_model;
     StepTimes t;
     // An exchange into a Partial: its receives alone (its sends visit every receiver's part).
-    t.exact = s.kind == StepKind::exchange && makes_partial(s.before, s.after)
+    t.exact = s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)
+                  ? reducing_exchange_cost(base, s.before, s.after, c, model, false).us
+              : s.kind == StepKind::exchange && makes_partial(s.before, s.after)
                   ? partial_exchange_cost(base, s.before, s.after, c, model, false).us
                   : rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have,
                                    want, model)
@@ -924,8 +926,10 @@ struct plan_builder {
       fixed[k] = (all_even && !has_exchange) || !base.placement(k).is_shard();
       for (const Step& s : plan.steps_)
         fixed[k] = fixed[k] && !s.after[k].is_shard() &&
-                   !(s.kind == StepKind::exchange && s.after[k].is_partial() &&
-                     !s.before[k].is_partial());  // the members of its group hold different parts
+                   !(s.kind == StepKind::exchange &&
+                     s.after[k].is_partial() !=
+                         s.before[k].is_partial());  // the members of
+                                                     // its group hold or own different parts
     }
     auto even_collective = [&](std::size_t i) {
       return plan.steps_[i].kind != StepKind::exchange && even[i] && even[i + 1];
@@ -959,14 +963,17 @@ struct plan_builder {
       }
       any_varies = true;
     }
-    // An exchange into a Partial is costed for every rank at once (each rank's part visited
-    // once); a plan whose parts do not fit owned_part's boxes is no plan.
+    // An exchange into or from a Partial is costed for every rank at once (each rank's or
+    // group's part found once); a plan whose parts do not fit is no plan.
     RankExchangeCosts partial;  // NOLINT(cppcoreguidelines-pro-type-member-init): written first
     std::size_t partial_step = plan.steps_.size();
     for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
       const Step& s = plan.steps_[i];
-      if (s.kind != StepKind::exchange || !makes_partial(s.before, s.after)) continue;
-      if (!partial_exchange_costs(base, s.before, s.after, o.cost_model, partial)) {
+      if (s.kind != StepKind::exchange) continue;
+      const bool reduces = exchange_reduces(s.before, s.after);
+      if (!reduces && !makes_partial(s.before, s.after)) continue;
+      if (!(reduces ? reducing_exchange_costs(base, s.before, s.after, o.cost_model, partial)
+                    : partial_exchange_costs(base, s.before, s.after, o.cost_model, partial))) {
         plan.pruned_ = true;
         return;
       }
@@ -1110,9 +1117,49 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
 // there are at most 64; beyond that only the natural one (the target's shard, else R; no chunk;
 // the source's placement).
 constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
-                             const MeshCoord& probe, Plan& best) {
+                             const MeshCoord& probe, Plan& best, bool from_partial) {
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
+  // Straight from the source's Partials where `from_partial` (reduce_exchange.hpp): each group
+  // reduces its block in parts cut to what its members keep, then every rank takes its target
+  // block from the owners; as it is, and after chunking the source's Replicate dims to the
+  // target's shards there (each group then reduces a smaller block). Under the time objective
+  // the probe's own time must first pass.
+  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
+      exchange_reduces(a, b)) {
+    Transitions chunks;
+    Placements chunked = a;
+    for (int k = 0; k < static_cast<int>(a.size()); ++k)
+      if (a[k].is_replicate() && b[k].is_shard() && src.mesh().size(k) > 1) {
+        chunks.push_back({k, a[k], b[k]});
+        chunked[k] = b[k];
+      }
+    const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
+    // Under the time objective, the floors of the probe's group's rounds must pass (first those
+    // that do not cut its block), then those with the probe's own second round exactly.
+    const bool timed =
+        options.objective == Objective::time && plan_builder::incumbent(best) != nullptr;
+    for (const bool chunk : {false, true}) {
+      if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
+      const Placements& from = chunk ? chunked : a;
+      if (timed) {
+        const double beat = plan_builder::time_to_beat(best);
+        const RoundFloors quick =
+            reducing_exchange_floors(src, from, b, probe, options.cost_model, false);
+        if (quick.first + quick.second > beat) continue;
+        const RoundFloors floors =
+            reducing_exchange_floors(src, from, b, probe, options.cost_model, true);
+        if (floors.first + floors.second > beat) continue;
+        const ExchangeCost e =
+            reducing_exchange_cost(src, from, b, probe, options.cost_model, false);
+        const double second = e.us - e.first_round_us;
+        if (floors.first + (second > floors.second ? second : floors.second) > beat) continue;
+      }
+      const Plan p = plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {},
+                                         options, plan_builder::incumbent(best), &probe);
+      if (better(p, best, options.objective)) best = p;
+    }
+  }
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
   int num_reduced = 0, num_made = 0, num_chunked = 0;
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
@@ -1310,7 +1357,20 @@ constexpr std::int64_t lower_bound_bytes_recv_max(const Layout& src, const Layou
 // per-mesh-dim collectives, in its order and the cheapest; the same with all-to-all for changes
 // of shard dim; a target Partial scattered first and made last; one direct exchange of exactly
 // the missing blocks; reductions scattered and gathered back at the end.
+namespace detail {
+constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptions options,
+                                 bool exchange_from_partial);
+}  // namespace detail
+
 constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptions options = {}) {
+  return detail::plan_redistribute(src, dst, options, true);
+}
+
+namespace detail {
+// plan_redistribute; `exchange_from_partial`: whether an exchange may reduce the source's
+// Partials (two point-to-point rounds in one step, which a batch's rounds do not run).
+constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptions options,
+                                 bool exchange_from_partial) {
   detail::check_same_tensor(src, dst);
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   const Placements& a = src.placements();
@@ -1395,7 +1455,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) && above_bound())
-    detail::try_exchanges(src, dst, options, probe, best);
+    detail::try_exchanges(src, dst, options, probe, best, exchange_from_partial);
   if (above_bound()) {
     // Several reductions to Replicate: reduce-scatter them all, gather back at the end, over
     // every choice of the scattered tensor dims (at most 16 choices).
@@ -1419,6 +1479,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   detail::plan_builder::set_lower_bound(best, bound);
   return best;
 }
+}  // namespace detail
 
 // Whether, on every rank, no block the plan holds between its steps (local steps in a row
 // counting as one) is larger than the larger of that rank's source and target blocks: what

@@ -29,6 +29,7 @@ struct Case {
   const char* to;
   Shape shape;
   DType dtype;
+  Objective objective = Objective::time;
 };
 
 // One plan's buffers on this rank: its source block, the blocking run's result, and a target
@@ -49,7 +50,7 @@ std::vector<std::byte> source_block(const Layout& l, int rank) {
 
 std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
   // One-step collectives, multi-step plans, exchanges, uneven and padded steps, reductions in
-  // float for bf16 and avg: every kind of operation, several operations per plan.
+  // float for bf16 and avg: every kind of operation, several operations per plan (and per step).
   const Case cases[] = {{"S(0),R", "R,R", {64, 32}, DType::f32},
                         {"R,P", "R,R", {16, 8}, DType::bf16},
                         {"P,S(1)", "R,S(0)", {16, 8}, DType::f32},
@@ -65,13 +66,16 @@ std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
                         {"S(0),R", "S(1),R", {16, 8}, DType::bf16},
                         // all-gathers whose pieces land strided (StridedAllGather)
                         {"R,S(1)", "R,R", {8, 16}, DType::f32},
-                        {"S(1),S(1)", "S(1),R", {8, 64}, DType::bf16}};
+                        {"S(1),S(1)", "S(1),R", {8, 64}, DType::bf16},
+                        // exchanges from a Partial: two point-to-point rounds in one step
+                        {"P,S(0)", "S(0),S(1)", {8, 16}, DType::f32, Objective::bytes},
+                        {"P(max),S(1)", "R,S(0)", {7, 10}, DType::bf16, Objective::bytes}};
   std::vector<Job> jobs;
   const int rank = backend.rank();
   for (const Case& c : cases) {
     const Layout src(mesh, parse_placements(c.from), c.shape, c.dtype);
     const Layout dst(mesh, parse_placements(c.to), c.shape, c.dtype);
-    Job j{plan_redistribute(src, dst), source_block(src, rank), {}, {}};
+    Job j{plan_redistribute(src, dst, {.objective = c.objective}), source_block(src, rank), {}, {}};
     const auto out = static_cast<std::size_t>(dst.local_numel(rank) * dst.elem_bytes());
     j.expected.resize(out);
     j.dst.assign(out, std::byte{0xAB});

@@ -109,7 +109,12 @@ int main(int argc, char** argv) {
                         {"2x4", "R,S(0)", "P(sum),S(1)", Objective::bytes},
                         {"2x4", "S(0),S(1)", "P(max),S(0)", Objective::bytes},
                         {"2x2x2", "S(1),S(0),S(0)", "P(min),P(min),R", Objective::bytes},
-                        {"2x2x2", "S(0),R,S(0)", "P(sum),S(0),S(0)"}};
+                        {"2x2x2", "S(0),R,S(0)", "P(sum),S(0),S(0)"},
+                        // Exchanges from a Partial: each group reduces parts, then delivers.
+                        {"2x4", "P(sum),S(0)", "S(0),S(1)", Objective::bytes},
+                        {"2x4", "P(max),S(1)", "R,S(0)", Objective::bytes},
+                        {"2x2x2", "S(0),P(sum),S(1)", "S(1),S(1),R", Objective::bytes},
+                        {"2x2x2", "P(min),R,S(0)", "S(0),R,S(1)", Objective::bytes}};
   const Shape shapes[] = {{16, 8}, {5, 7}};
   const DType dtypes[] = {DType::f32, DType::i64, DType::bf16};
   int passed = 0, failed = 0;

@@ -11,6 +11,7 @@
 #include "../errors.hpp"
 #include "../plan.hpp"
 #include "link.hpp"
+#include "reduce_exchange.hpp"
 #include "task.hpp"
 
 // The driver of asynchronous runs. MPI matches collectives on a communicator by the order they
@@ -27,6 +28,16 @@ namespace dtensor::detail {
 template <class B>
 void start_parked(ExecutionQueue& queue);
 
+// The operations a plan starts on its link: one per communication step, two for an exchange
+// from a Partial (its parts reduced, then delivered).
+inline int link_operations(const Plan& plan) {
+  int n = 0;
+  for (const Step& s : plan)
+    if (moves_data(s.kind))
+      n += s.kind == StepKind::exchange && exchange_reduces(s.before, s.after) ? 2 : 1;
+  return n;
+}
+
 // One execute_async run: the plan (a copy, so the caller's may go), its coroutine, and the
 // operation it waits for. It stays where it is made (its queue and coroutine point at it):
 // copies are deleted, moves with them, and the implicit destructor is the right one.
@@ -35,14 +46,14 @@ template <class B>
 struct Running final : InFlight {
   B& backend;
   const Plan plan;
-  int operations = 0;  // how many operations the plan starts: one per communication step
+  int operations = 0;  // how many operations the plan starts (link_operations)
   int started = 0;
   PendingOp<B>* pending = nullptr;  // parked or in flight; null while running or when done
   std::coroutine_handle<> step;     // the coroutine to resume when `pending` finishes
   std::int64_t scratch_peak = 0;
   Task<void> task;
 
-  Running(B& b, const Plan& p) : backend(b), plan(p), operations(p.communication_steps()) {
+  Running(B& b, const Plan& p) : backend(b), plan(p), operations(link_operations(p)) {
     started_all = operations == 0;
   }
   Running(const Running&) = delete;
@@ -61,9 +72,7 @@ struct Running final : InFlight {
   void start_pending() {
     try {
       if (started == operations)
-        throw error(
-            "execute_async: a plan started more operations than it has communication "
-            "steps");
+        throw error("execute_async: a plan started more operations than link_operations counts");
       pending->request = pending->start(backend);
     } catch (...) {
       pending->error = std::current_exception();

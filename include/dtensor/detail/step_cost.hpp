@@ -7,6 +7,7 @@
 #include "../plan.hpp"
 #include "checked.hpp"
 #include "partial_exchange.hpp"
+#include "reduce_exchange.hpp"
 
 // What one step costs one rank: the bytes it sends and receives, under the ring-algorithm
 // convention of nccl-tests' bus bandwidth, and the cost model's time for them.
@@ -232,6 +233,7 @@ struct ExchangeCost {
   std::int64_t send = 0;  // elements
   std::int64_t recv = 0;  // elements
   double us = 0;
+  double first_round_us = 0;  // of `us`, an exchange from a Partial's first round
 };
 
 // An exchange, seen from the rank at `coord` (see for_each_exchange_source). The sources that
@@ -311,6 +313,27 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   return out;
 }
 
+// A rank's point-to-point receives in one round, by the link class of each message (the
+// outermost mesh dim where sender and receiver differ).
+struct ReceivesByLink {
+  std::int64_t elements[max_mesh_dims] = {};
+  std::int64_t messages[max_mesh_dims] = {};
+
+  constexpr void add(int k, std::int64_t n) {
+    elements[k] += n;
+    ++messages[k];
+  }
+  // Adds the elements to out.recv and their time, one round's, to out.us.
+  constexpr void price(const Layout& base, const CostModel& cost, ExchangeCost& out) const {
+    for (int k = 0; k < base.mesh().ndim(); ++k) {
+      if (elements[k] == 0) continue;
+      out.recv += elements[k];
+      out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages[k]),
+                                     double(elements[k]) * double(base.elem_bytes()));
+    }
+  }
+};
+
 // The receives of the rank at `receiver` in an exchange into a Partial, given its part
 // (owned_part): one message per piece, priced by the link of the outermost mesh dim where the
 // source's coordinates differ from its own (as exchange_cost). f(source, piece) sees each piece.
@@ -318,21 +341,14 @@ template <class F>
 constexpr ExchangeCost partial_receives(const Layout& base, const Placements& before,
                                         const OwnedPart& part, const MeshCoord& receiver,
                                         const CostModel& cost, F&& f) {
-  std::int64_t elements[max_mesh_dims] = {}, messages[max_mesh_dims] = {};
+  ReceivesByLink in;
   for_each_received_piece(base, before, part, receiver,
                           [&](const MeshCoord& source, const Box& piece) {
-                            const int k = outermost_difference(source, receiver);
-                            elements[k] += piece.numel();
-                            ++messages[k];
+                            in.add(outermost_difference(source, receiver), piece.numel());
                             f(source, piece);
                           });
   ExchangeCost out;
-  for (int k = 0; k < base.mesh().ndim(); ++k) {
-    if (elements[k] == 0) continue;
-    out.recv += elements[k];
-    out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages[k]),
-                                   double(elements[k]) * double(base.elem_bytes()));
-  }
+  in.price(base, cost, out);
   return out;
 }
 
@@ -384,6 +400,200 @@ constexpr bool partial_exchange_costs(const Layout& base, const Placements& befo
   return true;
 }
 
+// The first round of an exchange from a Partial at `member`, whose part has `n` elements: its
+// partial from every other member of its group (on the mesh dims `dims`).
+constexpr ReceivesByLink first_round_receives(const DeviceMesh& mesh, const MeshCoord& member,
+                                              unsigned dims, std::int64_t n) {
+  ReceivesByLink in;
+  if (n == 0) return in;
+  for (int j = 0; j < group_size(mesh, dims); ++j) {
+    const MeshCoord m = group_member(mesh, member, dims, j);
+    if (!(m == member)) in.add(outermost_difference(m, member), n);
+  }
+  return in;
+}
+
+// The owners the rank at `receiver` takes its target block from in an exchange from a Partial
+// (reduce_exchange.hpp; `dims` the reduced mesh dims): f(owner, piece) for every part that meets
+// the block, its own included, in the groups whose coordinates on the Replicate dims of
+// `before` are the receiver's.
+template <class F>
+constexpr void for_each_owner(const Layout& base, const Placements& before, const Placements& after,
+                              unsigned dims, const MeshCoord& receiver, F&& f) {
+  const DeviceMesh& mesh = base.mesh();
+  const Box want = base.local_box(after, receiver);
+  if (want.empty()) return;
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
+  for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& group) {
+    if (overlap_numel(base.local_box(before, group), want) == 0) return;
+    const GroupParts parts = group_parts(base, before, after, dims, group);
+    for (int j = 0; j < parts.members; ++j) {
+      const Box piece = intersect(want, parts.part(j));
+      if (!piece.empty()) f(group_member(mesh, group, dims, j), piece);
+    }
+  });
+}
+
+// The ranks the owner at `sender` sends to in an exchange from a Partial, with the piece each
+// gets, its own included: every receiver that takes from its group (for_each_owner). `part` is
+// the sender's part.
+template <class F>
+constexpr void for_each_owned_target(const Layout& base, const Placements& before,
+                                     const Placements& after, const Box& part,
+                                     const MeshCoord& sender, F&& f) {
+  if (part.empty()) return;
+  const DeviceMesh& mesh = base.mesh();
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
+  for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
+    const Box piece = intersect(part, base.local_box(after, receiver));
+    if (!piece.empty()) f(receiver, piece);
+  });
+}
+
+// An exchange from a Partial seen from the rank at `coord`: both rounds' receives (each
+// member's partial of its part from every other member; then the pieces of its target block it
+// does not own), their times added, and with `sends` the elements it sends in both.
+constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placements& before,
+                                              const Placements& after, const MeshCoord& coord,
+                                              const CostModel& cost, bool sends = true) {
+  const DeviceMesh& mesh = base.mesh();
+  const unsigned dims = reduced_partials(before, after).dims;
+  const GroupParts parts = group_parts(base, before, after, dims, coord);
+  const Box own = parts.part(group_index(mesh, coord, dims));
+  ExchangeCost out;
+  first_round_receives(mesh, coord, dims, own.numel()).price(base, cost, out);
+  out.first_round_us = out.us;
+  ReceivesByLink deliver;
+  for_each_owner(base, before, after, dims, coord, [&](const MeshCoord& owner, const Box& piece) {
+    if (!(owner == coord)) deliver.add(outermost_difference(owner, coord), piece.numel());
+  });
+  deliver.price(base, cost, out);
+  if (sends) {
+    out.send = parts.block.numel() - own.numel();
+    for_each_owned_target(base, before, after, own, coord,
+                          [&](const MeshCoord& receiver, const Box& piece) {
+                            if (!(receiver == coord)) out.send += piece.numel();
+                          });
+  }
+  return out;
+}
+
+// Floors under the two rounds of an exchange from a Partial, from the group of `coord` alone:
+// its slowest first round exactly (each member receives every other member's partial of its
+// part), and under its slowest second round, what each member lacks of its target block in at
+// least one message from its group (its block's elements the member does not own) and one from
+// others (the rest), at best over the fastest of the links between members, and of all. Without
+// `cut`, lower ones that do not cut the group's block: the member with the largest part (at
+// least 1/g of the block) receives g-1 messages of it, and `coord` what of its target block its
+// group's block lacks.
+struct RoundFloors {
+  double first = 0;
+  double second = 0;
+};
+
+constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placements& before,
+                                               const Placements& after, const MeshCoord& coord,
+                                               const CostModel& cost, bool cut) {
+  const DeviceMesh& mesh = base.mesh();
+  const unsigned dims = reduced_partials(before, after).dims;
+  LinkCost inside{1e300, 0}, any{1e300, 0};
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    if (mesh.size(k) == 1) continue;
+    const LinkCost& link = cost.dims[k];
+    for (LinkCost* fastest : {&inside, &any}) {
+      if (fastest == &inside && (dims >> k & 1u) == 0) continue;
+      if (link.latency_us < fastest->latency_us) fastest->latency_us = link.latency_us;
+      if (link.bandwidth_gbs > fastest->bandwidth_gbs) fastest->bandwidth_gbs = link.bandwidth_gbs;
+    }
+  }
+  const double elem = double(base.elem_bytes()), p2p = cost.p2p_latency_factor;
+  RoundFloors out;
+  if (!cut) {
+    const Box block = base.local_box(before, coord), want = base.local_box(after, coord);
+    const int g = group_size(mesh, dims);
+    const std::int64_t part = (block.numel() + g - 1) / g;
+    if (part > 0 && g > 1)
+      out.first = LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
+          g - 1, double(part) * (g - 1) * elem);
+    const std::int64_t from_others = want.numel() - overlap_numel(want, block);
+    if (from_others > 0)
+      out.second =
+          LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
+    return out;
+  }
+  const GroupParts parts = group_parts(base, before, after, dims, coord);
+  for (int j = 0; j < parts.members; ++j) {
+    const MeshCoord member = group_member(mesh, coord, dims, j);
+    const Box part = parts.part(j);
+    ExchangeCost e;
+    first_round_receives(mesh, member, dims, part.numel()).price(base, cost, e);
+    out.first = e.us > out.first ? e.us : out.first;
+    const Box want = base.local_box(after, member);
+    const std::int64_t in_block = overlap_numel(want, parts.block);
+    const std::int64_t from_group = in_block - overlap_numel(want, part);
+    const std::int64_t from_others = want.numel() - in_block;
+    double us = 0;
+    if (from_group > 0)
+      us += LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
+          1, double(from_group) * elem);
+    if (from_others > 0)
+      us +=
+          LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
+    out.second = us > out.second ? us : out.second;
+  }
+  return out;
+}
+
+// As reducing_exchange_cost, for every rank at once (each group's parts cut once), with the
+// step's time, the slowest rank's first round then the slowest's second, as every rank's. False
+// when the mesh has more than max_partial_exchange_ranks ranks.
+constexpr bool reducing_exchange_costs(const Layout& base, const Placements& before,
+                                       const Placements& after, const CostModel& cost,
+                                       RankExchangeCosts& out) {
+  const DeviceMesh& mesh = base.mesh();
+  const int ranks = mesh.size();
+  if (ranks > max_partial_exchange_ranks) return false;
+  const unsigned dims = reduced_partials(before, after).dims;
+  Box part[max_partial_exchange_ranks];
+  for (int i = 0; i < ranks; ++i) {
+    const MeshCoord c = mesh.coordinate(mesh.rank_at(i));
+    if (group_index(mesh, c, dims) != 0) continue;
+    const GroupParts parts = group_parts(base, before, after, dims, c);
+    for (int j = 0; j < parts.members; ++j) {
+      const int at = mesh.index_of(mesh.rank(group_member(mesh, c, dims, j)));
+      part[at] = parts.part(j);
+      out.send[at] = parts.block.numel() - part[at].numel();
+    }
+  }
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
+  double first = 0, second = 0;
+  for (int i = 0; i < ranks; ++i) {
+    const MeshCoord receiver = mesh.coordinate(mesh.rank_at(i));
+    ExchangeCost mine;
+    first_round_receives(mesh, receiver, dims, part[i].numel()).price(base, cost, mine);
+    first = mine.us > first ? mine.us : first;
+    mine.us = 0;
+    ReceivesByLink deliver;
+    const Box want = base.local_box(after, receiver);
+    for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& owner) {
+      if (owner == receiver) return;
+      const int at = mesh.index_of(mesh.rank(owner));
+      const std::int64_t n = overlap_numel(want, part[at]);
+      if (n == 0) return;
+      deliver.add(outermost_difference(owner, receiver), n);
+      out.send[at] += n;
+    });
+    deliver.price(base, cost, mine);
+    second = mine.us > second ? mine.us : second;
+    out.recv[i] = mine.recv;
+  }
+  for (int i = 0; i < ranks; ++i) out.us[i] = first + second;
+  return true;
+}
+
 // Bytes and time of one step for the rank at `coord`, whose blocks before and after the step
 // are `mine_before` and `mine_after`. `padded` pads uneven pieces to the group's largest;
 // otherwise the step moves exact sizes in point-to-point rounds. `base` gives the mesh, shape,
@@ -396,7 +606,8 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   const std::int64_t elem = base.elem_bytes();
   if (kind == StepKind::exchange) {
     const ExchangeCost e =
-        makes_partial(before, after)
+        exchange_reduces(before, after) ? reducing_exchange_cost(base, before, after, coord, cost)
+        : makes_partial(before, after)
             ? partial_exchange_cost(base, before, after, coord, cost)
             : exchange_cost(base, before, after, coord, mine_before, mine_after, cost);
     out.bytes = {bytes_mul(e.send, elem), bytes_mul(e.recv, elem)};

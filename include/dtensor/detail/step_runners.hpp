@@ -738,9 +738,129 @@ inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
   return w;
 }
 
+// How an exchange from a Partial (reduce_exchange.hpp) moves its pieces on this rank. First
+// round: this member's partial of every other member's part out (where it lies when one run of
+// the block, else packed at `at`), and every other member's partial of its own part in, each
+// staged in a slot of the receive staging, in group order; this member's own partial is read
+// where it lies when one run of the block, else copied to its slot. The reduction lands in the
+// first slot. Second round (`deliver`, staged after the slots): as an exchange, from the
+// reduced part to the target block.
+struct ReducingExchangeWay : Staging {
+  int me = 0;
+  ReduceOp op = ReduceOp::sum;
+  std::vector<int> peers;       // the group's members, as global ranks
+  std::vector<Box> parts;       // their parts
+  std::vector<std::size_t> at;  // where each member's piece is packed (unless it lies in place)
+  std::vector<bool> in_place;   // whether it lies in the block as one run
+  std::size_t part_bytes = 0;   // this member's part
+  std::size_t slots = 0;        // partials staged
+  ExchangeWay deliver;
+  std::size_t deliver_send_at = 0, deliver_recv_at = 0;
+};
+
+inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbilities a) {
+  const Layout& base = c.plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  const Placements& before = c.step.before;
+  const Placements& after = c.step.after;
+  const ReducedPartials reduced = reduced_partials(before, after);
+  const GroupParts gp = group_parts(base, before, after, reduced.dims, c.me);
+  ReducingExchangeWay w;
+  w.op = reduced.op;
+  w.me = group_index(mesh, c.me, reduced.dims);
+  std::size_t packed = 0;
+  for (int j = 0; j < gp.members; ++j) {
+    w.peers.push_back(mesh.rank(group_member(mesh, c.me, reduced.dims, j)));
+    w.parts.push_back(gp.part(j));
+    const bool lies = contiguous_in(w.parts.back(), c.have);
+    w.in_place.push_back(lies);
+    w.at.push_back(lies ? slab_offset(w.parts.back(), c.have, c.elem) : packed);
+    if (j != w.me && !lies) packed += bytes_of(w.parts.back(), c.elem);
+  }
+  const auto me = static_cast<std::size_t>(w.me);
+  const Box& own = w.parts[me];
+  w.part_bytes = bytes_of(own, c.elem);
+  w.slots = w.parts.size() - (w.in_place[me] && w.parts.size() > 1 ? 1 : 0);
+  for_each_owned_target(
+      base, before, after, own, c.me, [&](const MeshCoord& receiver, const Box& piece) {
+        if (receiver == c.me) {
+          w.deliver.own.push_back(piece);
+          return;
+        }
+        w.deliver.outgoing.push_back(exchange_piece(mesh.rank(receiver), piece, own, c.elem,
+                                                    a.strided_exchange, w.deliver.send));
+      });
+  for_each_owner(
+      base, before, after, reduced.dims, c.me, [&](const MeshCoord& owner, const Box& piece) {
+        if (owner == c.me) return;  // among deliver.own
+        w.deliver.incoming.push_back(exchange_piece(mesh.rank(owner), piece, c.want, c.elem,
+                                                    a.strided_exchange, w.deliver.recv));
+      });
+  w.deliver_send_at = packed;
+  w.deliver_recv_at = w.part_bytes * w.slots;
+  w.send = packed + w.deliver.send;
+  w.recv = w.deliver_recv_at + w.deliver.recv;
+  w.use_spare(c.spare_bytes);
+  return w;
+}
+
+// An exchange from a Partial: each member reduces its part from the group's partials of it, in
+// group order (ranks holding the same part compute bit-identical values), then every rank
+// takes its target block from the owners.
+template <class L, class Ops>
+Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContext& c,
+                                        const std::byte* cur, std::byte* out) {
+  const ReducingExchangeWay w = reducing_exchange_way(c, abilities_of<L>);
+  const StagingBuffers b(ops, w, c.spare);
+  const auto me = static_cast<std::size_t>(w.me);
+  const Box& own = w.parts[me];
+  std::byte* reduced = b.recv;
+  Messages m;
+  std::vector<const void*> partials(w.parts.size());
+  std::size_t slots = 0;
+  for (std::size_t j = 0; j < w.parts.size(); ++j) {
+    if (j == me && w.in_place[j] && w.slots < w.parts.size()) {
+      partials[j] = cur + w.at[j];
+      continue;
+    }
+    std::byte* slot = b.recv + slots++ * w.part_bytes;
+    partials[j] = slot;
+    if (j == me) {
+      if (w.part_bytes != 0) copy_piece(ops, cur, c.have, slot, own, own, c.elem);
+      continue;
+    }
+    const Box& part = w.parts[j];
+    if (!part.empty()) {
+      if (!w.in_place[j]) copy_piece(ops, cur, c.have, b.send + w.at[j], part, part, c.elem);
+      m.send(w.peers[j], (w.in_place[j] ? cur : b.send) + w.at[j], bytes_of(part, c.elem));
+    }
+    if (w.part_bytes != 0) m.recv(w.peers[j], slot, w.part_bytes);
+  }
+  co_await send_and_receive(link, m);
+  if (w.part_bytes != 0)
+    ops.reduce(c.plan.src().dtype(), reduced, partials, static_cast<std::size_t>(own.numel()),
+               w.op);
+  Messages deliver;
+  std::byte* send = b.send + w.deliver_send_at;
+  std::byte* recv = b.recv + w.deliver_recv_at;
+  for (const ExchangeWay::Piece& p : w.deliver.outgoing) {
+    if (!p.in_place) copy_piece(ops, reduced, own, send + p.at, p.box, p.box, c.elem);
+    deliver.send(p.peer, (p.in_place ? reduced : send) + p.at, p.runs);
+  }
+  for (const ExchangeWay::Piece& p : w.deliver.incoming)
+    deliver.recv(p.peer, (p.in_place ? out : recv) + p.at, p.runs);
+  for (const Box& piece : w.deliver.own) copy_piece(ops, reduced, own, out, c.want, piece, c.elem);
+  co_await send_and_receive(link, deliver);
+  for (const ExchangeWay::Piece& p : w.deliver.incoming)
+    if (!p.in_place) copy_piece(ops, recv + p.at, p.box, out, c.want, p.box, c.elem);
+  co_return b.allocated();
+}
+
 template <class L, class Ops>
 Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
                                std::byte* out) {
+  if (exchange_reduces(c.step.before, c.step.after))
+    co_return co_await run_reducing_exchange(link, ops, c, cur, out);
   const ExchangeWay w = exchange_way(c, abilities_of<L>);
   // Into a Partial: the identity wherever another member of the group holds the value.
   if (makes_partial(c.step.before, c.step.after))
@@ -795,7 +915,9 @@ inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_p
                               .allocated()
                         : 0;
     case StepKind::all_to_all: return all_to_all_way(c, a, in_place).allocated();
-    case StepKind::exchange: return exchange_way(c, a).allocated();
+    case StepKind::exchange:
+      return exchange_reduces(c.step.before, c.step.after) ? reducing_exchange_way(c, a).allocated()
+                                                           : exchange_way(c, a).allocated();
     default: return 0;
   }
 }

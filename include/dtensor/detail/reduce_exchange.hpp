@@ -1,0 +1,205 @@
+#pragma once
+
+#include <cstdint>
+
+#include "../layout.hpp"
+#include "../placement.hpp"
+#include "checked.hpp"
+#include "partial_exchange.hpp"
+
+// An exchange from a Partial: a step from placements with Partial(op) on some mesh dims (the
+// reduced dims, one op on all) to placements without Partial, in two point-to-point rounds. The
+// ranks that differ only on the reduced dims (a group) hold partial values of one block. First
+// each member reduces its part of that block (one box: a range of one tensor dim) from every
+// member's partial of it, in group order, so that groups holding the same block compute
+// bit-identical values; then every rank receives the elements of its target block from their
+// owners in the group next to it (the one whose coordinates on the source's Replicate dims are
+// its own), keeping those it owns. Each group cuts its block so that its busiest member receives
+// the fewest elements over both rounds, (g-1)|part| + |target| - |target ∩ part|: a member
+// whose target lies in the block owns more of it, up to the balance. Where reducing every
+// element once and sending it on costs fewer bytes than collectives that reduce whole blocks,
+// this is the plan: (P(sum), S(0)) -> (S(0), S(1)) on 2x2 receives 3/8 of the tensor per rank,
+// where an all-to-all and a reduce-scatter receive half.
+namespace dtensor::detail {
+
+// The mesh dims an exchange from `before` to `after` reduces, and their op: every Partial of
+// `before`, of one op, where `after` has no Partial. `dims` is 0 when the step is no such
+// exchange.
+struct ReducedPartials {
+  unsigned dims = 0;
+  ReduceOp op = ReduceOp::sum;
+};
+
+constexpr ReducedPartials reduced_partials(const Placements& before,
+                                           const Placements& after) noexcept {
+  ReducedPartials r;
+  for (std::size_t k = 0; k < before.size() && k < after.size(); ++k) {
+    if (after[k].is_partial()) return {};
+    if (!before[k].is_partial()) continue;
+    if (r.dims != 0 && before[k].reduce_op() != r.op) return {};
+    r.op = before[k].reduce_op();
+    r.dims |= 1u << k;
+  }
+  return r;
+}
+
+// Whether an exchange from `before` to `after` reduces a Partial (reduced_partials).
+constexpr bool exchange_reduces(const Placements& before, const Placements& after) noexcept {
+  return reduced_partials(before, after).dims != 0;
+}
+
+// The ranks of a group, on the mesh dims `dims` (bits).
+constexpr int group_size(const DeviceMesh& mesh, unsigned dims) {
+  int g = 1;
+  for (int k = 0; k < mesh.ndim(); ++k)
+    if ((dims >> k & 1u) != 0) g *= mesh.size(k);
+  return g;
+}
+
+// Member j of the group of `coord` on the mesh dims `dims`, the last of them fastest.
+constexpr MeshCoord group_member(const DeviceMesh& mesh, MeshCoord coord, unsigned dims, int j) {
+  for (int k = mesh.ndim() - 1; k >= 0; --k) {
+    if ((dims >> k & 1u) == 0) continue;
+    coord[k] = j % mesh.size(k);
+    j /= mesh.size(k);
+  }
+  return coord;
+}
+
+// The index of `coord` in its group on the mesh dims `dims` (the inverse of group_member).
+constexpr int group_index(const DeviceMesh& mesh, const MeshCoord& coord, unsigned dims) {
+  int j = 0;
+  for (int k = 0; k < mesh.ndim(); ++k)
+    if ((dims >> k & 1u) != 0) j = j * mesh.size(k) + coord[k];
+  return j;
+}
+
+// How one group cuts its block: along tensor dim `dim`, the i-th range [cut[i], cut[i+1]) to
+// member i (member g-1-i when `reversed`).
+struct GroupParts {
+  Box block;
+  int members = 0;
+  int dim = 0;
+  bool reversed = false;
+  std::int64_t cut[max_partial_exchange_ranks + 1] = {};
+
+  // Member j's part of the block.
+  [[nodiscard]] constexpr Box part(int j) const {
+    Box b = block;
+    if (b.shape.empty()) return b;
+    const int i = reversed ? members - 1 - j : j;
+    b.offset[dim] = cut[i];
+    b.shape[dim] = cut[i + 1] - cut[i];
+    return b;
+  }
+};
+
+// The least x in [low, high] where `holds(x)`, which holds at `high` and from where it first
+// holds on (binary search).
+template <class Holds>
+constexpr std::int64_t least_where(std::int64_t low, std::int64_t high, Holds holds) {
+  while (low < high) {
+    const std::int64_t mid = low + (high - low) / 2;
+    if (holds(mid))
+      high = mid;
+    else
+      low = mid + 1;
+  }
+  return high;
+}
+
+// The parts of the group of `coord` (reduced dims `dims`, at most max_partial_exchange_ranks
+// members) in an exchange from `before` to `after`: over every tensor dim and both orders of the
+// members, the cut whose busiest member receives the fewest elements (binary search on that
+// count; each member's count grows with its range, so the members take, in order, the longest
+// ranges within it), and at that count the smallest largest part (binary search on its extent:
+// the first round's slowest member). Ties keep the first dim, forward order.
+constexpr GroupParts group_parts(const Layout& base, const Placements& before,
+                                 const Placements& after, unsigned dims, const MeshCoord& coord) {
+  const DeviceMesh& mesh = base.mesh();
+  GroupParts out;
+  out.block = base.local_box(before, coord);
+  out.members = group_size(mesh, dims);
+  const int g = out.members, nd = base.tensor_ndim();
+  const Box& block = out.block;
+  if (nd == 0) return out;
+  if (block.empty()) {
+    for (int i = 0; i <= g; ++i) out.cut[i] = block.offset[0];
+    return out;
+  }
+  Box target[max_partial_exchange_ranks];
+  std::int64_t most_target = 0;
+  for (int j = 0; j < g; ++j) {
+    target[j] = base.local_box(after, group_member(mesh, coord, dims, j));
+    most_target = target[j].numel() > most_target ? target[j].numel() : most_target;
+  }
+  std::int64_t best = -1, best_largest = 0;
+  for (int d = 0; d < nd; ++d) {
+    const std::int64_t lo = block.offset[d], hi = lo + block.shape[d];
+    // A row (one index of dim d) costs its owner `per_row` elements in the first round, less
+    // cross[j] in the second where member j's target holds it.
+    const std::int64_t per_row = bytes_mul(g - 1, block.numel() / block.shape[d]);
+    std::int64_t cross[max_partial_exchange_ranks] = {}, t_lo[max_partial_exchange_ranks] = {},
+                 t_hi[max_partial_exchange_ranks] = {};
+    for (int j = 0; j < g; ++j) {
+      const Box in = intersect(target[j], block);
+      if (in.empty()) continue;
+      cross[j] = in.numel() / in.shape[d];
+      t_lo[j] = in.offset[d];
+      t_hi[j] = in.offset[d] + in.shape[d];
+    }
+    // The farthest end e of a range from x for member j whose count is at most `limit` (-1
+    // when even the empty range's is more): the count is piecewise linear in e.
+    auto reach = [&](int j, std::int64_t x, std::int64_t limit) -> std::int64_t {
+      std::int64_t count = target[j].numel();
+      if (count > limit) return -1;
+      const std::int64_t p1 = t_lo[j] < x ? x : (t_lo[j] > hi ? hi : t_lo[j]);
+      const std::int64_t p2 = t_hi[j] < p1 ? p1 : (t_hi[j] > hi ? hi : t_hi[j]);
+      const std::int64_t ends[3] = {p1, p2, hi};
+      const std::int64_t slopes[3] = {per_row, per_row - cross[j], per_row};
+      std::int64_t from = x;
+      for (int r = 0; r < 3; ++r) {
+        const std::int64_t at_end = bytes_add(count, bytes_mul(slopes[r], ends[r] - from));
+        if (at_end > limit) return from + (limit - count) / slopes[r];
+        count = at_end;
+        from = ends[r];
+      }
+      return hi;
+    };
+    const std::int64_t all = hi - lo, row = block.numel() / block.shape[d];
+    for (const bool reversed : {false, true}) {
+      // Whether every member's count can be at most `limit` with at most `rows` indices each
+      // (the cuts into `cut`, when given).
+      auto fits = [&](std::int64_t limit, std::int64_t rows, std::int64_t* cut) {
+        std::int64_t x = lo;
+        for (int i = 0; i < g; ++i) {
+          std::int64_t e = reach(reversed ? g - 1 - i : i, x, limit);
+          if (e < 0) return false;
+          if (e - x > rows) e = x + rows;
+          if (cut != nullptr) cut[i + 1] = e;
+          x = e;
+        }
+        return x == hi;
+      };
+      std::int64_t high = bytes_add(most_target, bytes_mul(per_row, all));
+      if (best >= 0 && best < high) high = best;
+      if (!fits(high, all, nullptr)) continue;
+      const std::int64_t count =
+          least_where(most_target, high, [&](std::int64_t c) { return fits(c, all, nullptr); });
+      // At that count, the smallest largest part: the first round's slowest member.
+      const std::int64_t rows = least_where(
+          (all + g - 1) / g, all, [&](std::int64_t r) { return fits(count, r, nullptr); });
+      const std::int64_t largest = bytes_mul(rows, row);
+      if (best >= 0 && (count > best || (count == best && largest >= best_largest))) continue;
+      best = count;
+      best_largest = largest;
+      out.dim = d;
+      out.reversed = reversed;
+      out.cut[0] = lo;
+      fits(count, rows, out.cut);
+    }
+  }
+  return out;
+}
+
+}  // namespace dtensor::detail
