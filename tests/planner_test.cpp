@@ -859,6 +859,15 @@ TEST_CASE("reduction bound: message count of merging and spreading each element"
   CHECK(bound(m22, "P,P", "R,P") == bytes);
   // A Partial made by the target lets its group split the work: the older, weaker bound.
   CHECK(bound(m22, "P,R", "R,P") < bytes);
+  // An element no rank holds on both sides costs one more: (P, S(0)) -> (S(0), S(1)) has half
+  // of them (1.5 receives per element over 4 ranks: 3/8 of the tensor), (P, S(0)) -> (R, S(1))
+  // too (2.5: 5/8); the exchange from a Partial reaches both under the bytes objective.
+  const PlanOptions by_bytes{.objective = Objective::bytes};
+  for (const auto& [to, eighths] : {std::pair{"S(0),S(1)", 3}, std::pair{"R,S(1)", 5}}) {
+    CHECK(bound(m22, "P,S(0)", to) == bytes * eighths / 8);
+    CHECK(plan_redistribute(layout(m22, "P,S(0)", shape), layout(m22, to, shape), by_bytes)
+              .bytes_recv_max() == bytes * eighths / 8);
+  }
   // Uneven: 70 elements on 4 ranks, 105 messages each; the ring's pieces (18, 18, 17, 17)
   // give its busiest rank 106.
   const DeviceMesh m4({4});

@@ -432,6 +432,26 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
   return bound;
 }
 
+// The elements some rank holds in both its source and target blocks: each side's blocks are
+// equal or disjoint between ranks, so this sums over the ranks that differ on a mesh dim that
+// shards either side. The whole tensor (nothing learnt) where those are more than
+// max_partial_exchange_ranks.
+constexpr std::int64_t held_in_both(const Layout& src, const Layout& dst) {
+  const DeviceMesh& mesh = src.mesh();
+  bool fixed[max_mesh_dims] = {};
+  std::int64_t ranks = 1;
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    fixed[k] = !src.placement(k).is_shard() && !dst.placement(k).is_shard();
+    if (!fixed[k]) ranks *= mesh.size(k);
+  }
+  if (ranks > max_partial_exchange_ranks) return src.global_numel();
+  std::int64_t held = 0;
+  for_each_coord(
+      mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
+      [&](const MeshCoord& c) { held += overlap_numel(src.local_box(c), dst.local_box(c)); });
+  return held;
+}
+
 // Elements some rank must receive to reduce a Partial source into a target whose Partial dims
 // all keep the source's (none is made), whatever the plan: 0 when no Partial is reduced or a
 // target Partial is made. An element has G distinct parts (G: the product of the extents of the
@@ -442,6 +462,11 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
 // rank knowing m+1 parts has m messages in its past); each of the T ranks of those classes then
 // receives at least one, one of them possibly among the merges. So an element costs at least
 // G - y + y (T - 1) receives: G + T - 2 with one class (T >= 2), G - K with every class (T = 1).
+// With one class, one more where no rank holds the element in both its source and target
+// blocks (held_in_both): take a rank that knows the value with no other such rank in its causal
+// past; the ranks whose parts it merged and it are joined by at least G - 1 receives, G if it
+// holds no part, and each other target holder's receive that completes it comes later. So the
+// element costs G + T - 2 only if that rank is a target holder holding a part, else G + T - 1.
 // The busiest of the N ranks receives at least the sum over N: for one mesh dim exactly the ring
 // all-reduce's 2(g-1)/g and reduce-scatter's (g-1)/g of the tensor. The classes are not
 // independent: (P, P) -> (P, R) on 2x4 reduce-scatters mesh dim 0, all-reduces mesh dim 1 and
@@ -463,7 +488,8 @@ constexpr std::int64_t reduction_elements(const Layout& src, const Layout& dst) 
   }
   if (reduced == 1) return 0;
   const std::int64_t per_element = replicas >= 2 ? parts + replicas - 2 : parts - classes;
-  const std::int64_t total = bytes_mul(per_element, src.global_numel());
+  std::int64_t total = bytes_mul(per_element, src.global_numel());
+  if (classes == 1) total = bytes_add(total, src.global_numel() - held_in_both(src, dst));
   return bytes_add(total, mesh.size() - 1) / mesh.size();
 }
 
