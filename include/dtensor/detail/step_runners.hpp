@@ -380,6 +380,29 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
   return w;
 }
 
+// out = the reduction, in order, of the contiguous `parts` but part u, which lies as `runs` at
+// `at` (each run one row of the contiguous parts): in one call where the ops take a strided part,
+// else one run at a time.
+template <class Ops>
+void reduce_with_runs(const Ops& ops, DType dtype, std::byte* out,
+                      const std::vector<const void*>& parts, std::size_t u, const std::byte* at,
+                      const StridedPieces& r, std::size_t elem, ReduceOp op) {
+  if constexpr (requires {
+                  ops.reduce_with_strided_part(dtype, out, parts, u, at, r.rows, r.run_bytes,
+                                               r.stride_bytes, op);
+                }) {
+    ops.reduce_with_strided_part(dtype, out, parts, u, at, r.rows, r.run_bytes, r.stride_bytes, op);
+  } else {
+    std::vector<const void*> run_parts(parts.size());
+    for (std::size_t row = 0; row < r.rows; ++row) {
+      for (std::size_t j = 0; j < parts.size(); ++j)
+        run_parts[j] = j == u ? at + row * r.stride_bytes
+                              : static_cast<const std::byte*>(parts[j]) + row * r.run_bytes;
+      ops.reduce(dtype, out + row * r.run_bytes, run_parts, r.run_bytes / elem, op);
+    }
+  }
+}
+
 // Each member sends every other member its partial of that member's piece (`piece_of(j)`,
 // inside the block), then reduces the g partials of its own piece (c.want) in group order, so
 // that members with the same piece compute bit-identical values.
@@ -427,24 +450,8 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   if (slabs || !w.own_in_place) {
     ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
   } else if (own_bytes != 0) {
-    const std::byte* at = cur + w.own_runs.offset;
-    const auto u = static_cast<std::size_t>(me);
-    const StridedPieces& r = w.own_runs.runs;
-    if constexpr (requires {
-                    ops.reduce_with_strided_part(dtype, out, parts, u, at, r.rows, r.run_bytes,
-                                                 r.stride_bytes, op);
-                  }) {
-      ops.reduce_with_strided_part(dtype, out, parts, u, at, r.rows, r.run_bytes, r.stride_bytes,
-                                   op);
-    } else {  // one run at a time
-      std::vector<const void*> run_parts(parts.size());
-      for (std::size_t row = 0; row < r.rows; ++row) {
-        for (std::size_t j = 0; j < parts.size(); ++j)
-          run_parts[j] = j == u ? at + row * r.stride_bytes
-                                : static_cast<const std::byte*>(parts[j]) + row * r.run_bytes;
-        ops.reduce(dtype, out + row * r.run_bytes, run_parts, r.run_bytes / c.elem, op);
-      }
-    }
+    reduce_with_runs(ops, dtype, out, parts, static_cast<std::size_t>(me), cur + w.own_runs.offset,
+                     w.own_runs.runs, c.elem, op);
   }
   co_return b.allocated();
 }
@@ -739,21 +746,21 @@ inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
 }
 
 // How an exchange from a Partial (reduce_exchange.hpp) moves its pieces on this rank. First
-// round: this member's partial of every other member's part out (where it lies when one run of
-// the block, else packed at `at`), and every other member's partial of its own part in, each
-// staged in a slot of the receive staging, in group order; this member's own partial is read
-// where it lies when one run of the block, else copied to its slot. The reduction lands in the
-// first slot. Second round (`deliver`, staged after the slots): as an exchange, from the
-// reduced part to the target block.
+// round: this member's partial of every other member's part out, from where it lies in the
+// block when one run of it or (on a link that moves strided messages) runs of one stride, else
+// packed; every other member's partial of its own part in, each staged in a slot of the receive
+// staging, in group order. This member's own partial is read where it lies likewise, else
+// copied to its slot. The reduction lands in the first slot. Second round (`deliver`, staged
+// after the slots): as an exchange, from the reduced part to the target block.
 struct ReducingExchangeWay : Staging {
   int me = 0;
   ReduceOp op = ReduceOp::sum;
-  std::vector<int> peers;       // the group's members, as global ranks
-  std::vector<Box> parts;       // their parts
-  std::vector<std::size_t> at;  // where each member's piece is packed (unless it lies in place)
-  std::vector<bool> in_place;   // whether it lies in the block as one run
-  std::size_t part_bytes = 0;   // this member's part
-  std::size_t slots = 0;        // partials staged
+  std::vector<int> peers;        // the group's members, as global ranks
+  std::vector<Box> parts;        // their parts
+  std::vector<PieceRuns> where;  // where each part lies in the block, or is packed
+  std::vector<bool> in_place;    // whether it lies in the block (`where` there)
+  std::size_t part_bytes = 0;    // this member's part
+  std::size_t slots = 0;         // partials staged
   ExchangeWay deliver;
   std::size_t deliver_send_at = 0, deliver_recv_at = 0;
 };
@@ -771,11 +778,17 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   std::size_t packed = 0;
   for (int j = 0; j < gp.members; ++j) {
     w.peers.push_back(mesh.rank(group_member(mesh, c.me, reduced.dims, j)));
-    w.parts.push_back(gp.part(j));
-    const bool lies = contiguous_in(w.parts.back(), c.have);
-    w.in_place.push_back(lies);
-    w.at.push_back(lies ? slab_offset(w.parts.back(), c.have, c.elem) : packed);
-    if (j != w.me && !lies) packed += bytes_of(w.parts.back(), c.elem);
+    const Box part = gp.part(j);
+    w.parts.push_back(part);
+    const std::size_t bytes = bytes_of(part, c.elem);
+    std::optional<PieceRuns> runs;
+    if (contiguous_in(part, c.have))
+      runs = PieceRuns{slab_offset(part, c.have, c.elem), {1, bytes, bytes}};
+    else if (a.strided_exchange)
+      runs = runs_of(part, c.have, c.elem);
+    w.in_place.push_back(runs.has_value() && !part.empty());
+    w.where.push_back(runs ? *runs : PieceRuns{packed, {1, bytes, bytes}});
+    if (j != w.me && !runs) packed += bytes;
   }
   const auto me = static_cast<std::size_t>(w.me);
   const Box& own = w.parts[me];
@@ -814,13 +827,14 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   const StagingBuffers b(ops, w, c.spare);
   const auto me = static_cast<std::size_t>(w.me);
   const Box& own = w.parts[me];
+  const bool own_in_place = w.slots < w.parts.size();
   std::byte* reduced = b.recv;
   Messages m;
   std::vector<const void*> partials(w.parts.size());
   std::size_t slots = 0;
   for (std::size_t j = 0; j < w.parts.size(); ++j) {
-    if (j == me && w.in_place[j] && w.slots < w.parts.size()) {
-      partials[j] = cur + w.at[j];
+    if (j == me && own_in_place) {
+      partials[j] = cur + w.where[j].offset;
       continue;
     }
     std::byte* slot = b.recv + slots++ * w.part_bytes;
@@ -831,15 +845,21 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
     }
     const Box& part = w.parts[j];
     if (!part.empty()) {
-      if (!w.in_place[j]) copy_piece(ops, cur, c.have, b.send + w.at[j], part, part, c.elem);
-      m.send(w.peers[j], (w.in_place[j] ? cur : b.send) + w.at[j], bytes_of(part, c.elem));
+      const PieceRuns& at = w.where[j];
+      if (!w.in_place[j]) copy_piece(ops, cur, c.have, b.send + at.offset, part, part, c.elem);
+      m.send(w.peers[j], (w.in_place[j] ? cur : b.send) + at.offset, at.runs);
     }
     if (w.part_bytes != 0) m.recv(w.peers[j], slot, w.part_bytes);
   }
   co_await send_and_receive(link, m);
-  if (w.part_bytes != 0)
-    ops.reduce(c.plan.src().dtype(), reduced, partials, static_cast<std::size_t>(own.numel()),
-               w.op);
+  const DType dtype = c.plan.src().dtype();
+  if (w.part_bytes == 0) {
+  } else if (own_in_place && w.where[me].runs.rows > 1) {
+    reduce_with_runs(ops, dtype, reduced, partials, me, cur + w.where[me].offset, w.where[me].runs,
+                     c.elem, w.op);
+  } else {
+    ops.reduce(dtype, reduced, partials, static_cast<std::size_t>(own.numel()), w.op);
+  }
   Messages deliver;
   std::byte* send = b.send + w.deliver_send_at;
   std::byte* recv = b.recv + w.deliver_recv_at;
