@@ -1120,14 +1120,8 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   const std::int64_t missing = makes_partial(mid, end) ? partial_share_floor(base, mid, end, probe)
                                                        : missing_elements(base, mid, end, probe);
   if (missing > 0) {
-    double latency = 1e300, bandwidth = 0;
-    for (int k = 0; k < mesh.ndim(); ++k) {
-      if (mesh.size(k) == 1) continue;
-      const LinkCost& link = model.dims[k];
-      latency = link.latency_us < latency ? link.latency_us : latency;
-      bandwidth = link.bandwidth_gbs > bandwidth ? link.bandwidth_gbs : bandwidth;
-    }
-    us += LinkCost{latency * model.p2p_latency_factor, bandwidth}.time_us(
+    const LinkCost fastest = fastest_link(mesh, model);
+    us += LinkCost{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs}.time_us(
         1, double(missing) * double(base.elem_bytes()));
   }
   return us;

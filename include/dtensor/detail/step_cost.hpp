@@ -56,20 +56,29 @@ constexpr int outermost_difference(const MeshCoord& a, const MeshCoord& b) noexc
   return -1;
 }
 
-// The pieces the rank at `receiver` gets from others in an exchange into a Partial, given its
-// part (owned_part): f(source, piece) for every source block that meets a box it receives (the
-// source whose coordinates on the non-shard dims of `before` are the receiver's, as below).
+// f(source, piece) for every source block (placements `before`) that meets `want`, among the
+// holders whose coordinates on the non-shard dims of `before` are the receiver's (a replica next
+// to it): the sources an exchange takes `want` from.
 template <class F>
-constexpr void for_each_received_piece(const Layout& base, const Placements& before,
-                                       const OwnedPart& part, const MeshCoord& receiver, F&& f) {
+constexpr void for_each_source_of(const Layout& base, const Placements& before, const Box& want,
+                                  const MeshCoord& receiver, F&& f) {
+  if (want.empty()) return;
   const DeviceMesh& mesh = base.mesh();
   bool fixed[max_mesh_dims] = {};
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
-  for (const Box& want : part.received)
-    for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
-      const Box piece = intersect(want, base.local_box(before, source));
-      if (!piece.empty()) f(source, piece);
-    });
+  for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
+    const Box piece = intersect(want, base.local_box(before, source));
+    if (!piece.empty()) f(source, piece);
+  });
+}
+
+// The pieces the rank at `receiver` gets from others in an exchange into a Partial, given its
+// part (owned_part): f(source, piece) for every source block that meets a box it receives
+// (for_each_source_of).
+template <class F>
+constexpr void for_each_received_piece(const Layout& base, const Placements& before,
+                                       const OwnedPart& part, const MeshCoord& receiver, F&& f) {
+  for (const Box& want : part.received) for_each_source_of(base, before, want, receiver, f);
 }
 
 // An exchange moves, to each rank r, the part of its target block it lacks. It receives each
@@ -79,9 +88,6 @@ constexpr void for_each_received_piece(const Layout& base, const Placements& bef
 template <class F>
 constexpr void for_each_exchange_source(const Layout& base, const Placements& before,
                                         const Placements& after, const MeshCoord& receiver, F&& f) {
-  const DeviceMesh& mesh = base.mesh();
-  bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
   if (makes_partial(before, after)) {
     // Into a Partial: the receiver's own part of its group's block (owned_part).
     const OwnedPart part = owned_part(base, before, after, receiver);
@@ -89,12 +95,7 @@ constexpr void for_each_exchange_source(const Layout& base, const Placements& be
     for_each_received_piece(base, before, part, receiver, f);
     return;
   }
-  const Box want = base.local_box(after, receiver);
-  if (want.empty()) return;
-  for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
-    const Box piece = intersect(want, base.local_box(before, source));
-    if (!piece.empty()) f(source, piece);
-  });
+  for_each_source_of(base, before, base.local_box(after, receiver), receiver, f);
 }
 
 // The ranks an exchange sends to from `sender`, with the piece each gets (the sender's own
@@ -313,6 +314,20 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   return out;
 }
 
+// The fastest link of the mesh dims `dims` (bits) of more than one rank: the least latency and
+// the most bandwidth among them ({1e300, 0} when there is none).
+constexpr LinkCost fastest_link(const DeviceMesh& mesh, const CostModel& cost,
+                                unsigned dims = ~0u) {
+  LinkCost fastest{1e300, 0};
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    if (mesh.size(k) == 1 || (dims >> k & 1u) == 0) continue;
+    const LinkCost& link = cost.dims[k];
+    if (link.latency_us < fastest.latency_us) fastest.latency_us = link.latency_us;
+    if (link.bandwidth_gbs > fastest.bandwidth_gbs) fastest.bandwidth_gbs = link.bandwidth_gbs;
+  }
+  return fastest;
+}
+
 // A rank's point-to-point receives in one round, by the link class of each message (the
 // outermost mesh dim where sender and receiver differ).
 struct ReceivesByLink {
@@ -498,16 +513,7 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
                                                const CostModel& cost, bool cut) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
-  LinkCost inside{1e300, 0}, any{1e300, 0};
-  for (int k = 0; k < mesh.ndim(); ++k) {
-    if (mesh.size(k) == 1) continue;
-    const LinkCost& link = cost.dims[k];
-    for (LinkCost* fastest : {&inside, &any}) {
-      if (fastest == &inside && (dims >> k & 1u) == 0) continue;
-      if (link.latency_us < fastest->latency_us) fastest->latency_us = link.latency_us;
-      if (link.bandwidth_gbs > fastest->bandwidth_gbs) fastest->bandwidth_gbs = link.bandwidth_gbs;
-    }
-  }
+  const LinkCost inside = fastest_link(mesh, cost, dims), any = fastest_link(mesh, cost);
   const double elem = double(base.elem_bytes()), p2p = cost.p2p_latency_factor;
   RoundFloors out;
   if (!cut) {

@@ -745,6 +745,28 @@ inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
   return w;
 }
 
+// Runs an exchange's pieces `w` from the block `from` (box `from_box`) into the block `out`
+// (box `want`): copies this rank's own pieces, sends and receives the others where they lie or
+// packed at `send` and staged at `recv`, and unpacks those.
+template <class L, class Ops>
+Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::byte* from,
+                       const Box& from_box, std::byte* out, const Box& want, std::byte* send,
+                       std::byte* recv, std::size_t elem) {
+  for (const Box& piece : w.own) copy_piece(ops, from, from_box, out, want, piece, elem);
+  Messages m;
+  m.sends.reserve(w.outgoing.size());
+  m.recvs.reserve(w.incoming.size());
+  for (const ExchangeWay::Piece& p : w.outgoing) {
+    if (!p.in_place) copy_piece(ops, from, from_box, send + p.at, p.box, p.box, elem);
+    m.send(p.peer, (p.in_place ? from : send) + p.at, p.runs);
+  }
+  for (const ExchangeWay::Piece& p : w.incoming)
+    m.recv(p.peer, (p.in_place ? out : recv) + p.at, p.runs);
+  co_await send_and_receive(link, m);
+  for (const ExchangeWay::Piece& p : w.incoming)
+    if (!p.in_place) copy_piece(ops, recv + p.at, p.box, out, want, p.box, elem);
+}
+
 // How an exchange from a Partial (reduce_exchange.hpp) moves its pieces on this rank. First
 // round: this member's partial of every other member's part out, from where it lies in the
 // block when one run of it or (on a link that moves strided messages) runs of one stride, else
@@ -860,19 +882,8 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   } else {
     ops.reduce(dtype, reduced, partials, static_cast<std::size_t>(own.numel()), w.op);
   }
-  Messages deliver;
-  std::byte* send = b.send + w.deliver_send_at;
-  std::byte* recv = b.recv + w.deliver_recv_at;
-  for (const ExchangeWay::Piece& p : w.deliver.outgoing) {
-    if (!p.in_place) copy_piece(ops, reduced, own, send + p.at, p.box, p.box, c.elem);
-    deliver.send(p.peer, (p.in_place ? reduced : send) + p.at, p.runs);
-  }
-  for (const ExchangeWay::Piece& p : w.deliver.incoming)
-    deliver.recv(p.peer, (p.in_place ? out : recv) + p.at, p.runs);
-  for (const Box& piece : w.deliver.own) copy_piece(ops, reduced, own, out, c.want, piece, c.elem);
-  co_await send_and_receive(link, deliver);
-  for (const ExchangeWay::Piece& p : w.deliver.incoming)
-    if (!p.in_place) copy_piece(ops, recv + p.at, p.box, out, c.want, p.box, c.elem);
+  co_await move_pieces(link, ops, w.deliver, reduced, own, out, c.want, b.send + w.deliver_send_at,
+                       b.recv + w.deliver_recv_at, c.elem);
   co_return b.allocated();
 }
 
@@ -886,20 +897,8 @@ Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, con
   if (makes_partial(c.step.before, c.step.after))
     ops.fill_identity(c.plan.src().dtype(), out, static_cast<std::size_t>(c.want.numel()),
                       made_partial_op(c.step.before, c.step.after));
-  for (const Box& piece : w.own) copy_piece(ops, cur, c.have, out, c.want, piece, c.elem);
   const StagingBuffers b(ops, w, c.spare);
-  Messages m;
-  m.sends.reserve(w.outgoing.size());
-  m.recvs.reserve(w.incoming.size());
-  for (const ExchangeWay::Piece& p : w.outgoing) {
-    if (!p.in_place) copy_piece(ops, cur, c.have, b.send + p.at, p.box, p.box, c.elem);
-    m.send(p.peer, (p.in_place ? cur : b.send) + p.at, p.runs);
-  }
-  for (const ExchangeWay::Piece& p : w.incoming)
-    m.recv(p.peer, (p.in_place ? out : b.recv) + p.at, p.runs);
-  co_await send_and_receive(link, m);
-  for (const ExchangeWay::Piece& p : w.incoming)
-    if (!p.in_place) copy_piece(ops, b.recv + p.at, p.box, out, c.want, p.box, c.elem);
+  co_await move_pieces(link, ops, w, cur, c.have, out, c.want, b.send, b.recv, c.elem);
   co_return b.allocated();
 }
 
