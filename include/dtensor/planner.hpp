@@ -151,13 +151,15 @@ constexpr bool transitions_valid(const Placements& src, const Transitions& ts) {
 // Whether the two layouts hold Partials (on either side) whose ops do not commute: then the
 // order of reductions matters and the greedy sequence may have no valid order.
 constexpr bool mixed_partials(const Placements& a, const Placements& b) noexcept {
-  bool seen[5] = {};
+  unsigned seen = 0;  // bit x: ReduceOp x occurs
   for (const Placements* ps : {&a, &b})
     for (const Placement& p : *ps)
-      if (p.is_partial()) seen[static_cast<int>(p.reduce_op())] = true;
+      if (p.is_partial()) seen |= 1u << static_cast<unsigned>(p.reduce_op());
+  if ((seen & (seen - 1)) == 0) return false;  // one op or none
   for (int x = 0; x < 5; ++x)
     for (int y = x + 1; y < 5; ++y)
-      if (seen[x] && seen[y] && !ops_commute(static_cast<ReduceOp>(x), static_cast<ReduceOp>(y)))
+      if ((seen >> x & 1u) != 0 && (seen >> y & 1u) != 0 &&
+          !ops_commute(static_cast<ReduceOp>(x), static_cast<ReduceOp>(y)))
         return true;
   return false;
 }
@@ -1067,6 +1069,33 @@ struct plan_builder {
     if (!any_varies && loses_at(plan.bytes_recv_max_, plan.est_us_)) plan.pruned_ = true;
   }
 
+  // The plan of no steps between equal layouts: it moves nothing and needs nothing moved.
+  static constexpr Plan unchanged(const Layout& src, const Layout& dst,
+                                  const PlanOptions& options) {
+    Plan plan(src, dst);
+    plan.options_ = options;
+    return plan;
+  }
+
+  // Whether the plan moves no more than the lower bound whatever it is, by its form: it moves
+  // nothing, or its one step that is not an identity is an unpadded all-gather or all-to-all
+  // between layouts without Partial (each rank receives exactly what its source block lacks of
+  // its target block: the group's source blocks tile what its target blocks cover). A plan
+  // that is no plan or breaks the memory bound does not.
+  static constexpr bool meets_bound(const Plan& plan) noexcept {
+    if (plan.pruned_ || !plan.fits_) return false;
+    if (plan.bytes_recv_max_ == 0) return true;
+    if (has_partial(plan.src_.placements()) || has_partial(plan.dst_.placements())) return false;
+    int moving = 0;
+    for (const Step& s : plan.steps_) {
+      if (s.kind == StepKind::identity) continue;
+      if (s.padded || (s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all))
+        return false;
+      ++moving;
+    }
+    return moving == 1;
+  }
+
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
   static constexpr bool fits(const Plan& plan) noexcept { return plan.fits_; }
   // The plan a candidate must beat to be costed to the end: none while the best so far is no
@@ -1395,12 +1424,18 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
-  const detail::LowerBound lb = detail::lower_bound(src, dst);
-  std::int64_t bound = detail::bytes_mul(lb.elements, src.elem_bytes());
-  // Candidates are first costed on the rank the bound says is busiest, where a loser loses.
-  const MeshCoord& probe = lb.busiest;
+  if (a == b) return detail::plan_builder::unchanged(src, dst, options);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
+  const bool meets = detail::plan_builder::meets_bound(best);
+  const detail::LowerBound lb =
+      meets ? detail::LowerBound{0, MeshCoord(static_cast<std::size_t>(src.mesh().ndim()), 0)}
+            : detail::lower_bound(src, dst);
+  std::int64_t bound =
+      meets ? best.bytes_recv_max() : detail::bytes_mul(lb.elements, src.elem_bytes());
+  // Candidates are first costed on the rank the bound says is busiest, where a loser loses.
+  const MeshCoord& probe = lb.busiest;
   // Whether the best plan so far moves more than the bound, breaks the memory bound, or is none:
   // the searches below run only then.
   auto above_bound = [&] {
