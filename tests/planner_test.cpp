@@ -860,8 +860,22 @@ TEST_CASE("reduction bound: message count of merging and spreading each element"
   // A kept Partial: one class holding the sums of all 4 parts (the other class zeros) takes 4
   // messages per element, as does each class reducing its own 2 parts.
   CHECK(bound(m22, "P,P", "R,P") == bytes);
-  // A Partial made by the target lets its group split the work: the older, weaker bound.
-  CHECK(bound(m22, "P,R", "R,P") < bytes);
+  // A Partial made by the target: each of the 2 target groups (ranks that differ on mesh dim 1)
+  // needs both parts among its members, 1 merge and 1 more message per element: half the
+  // tensor per rank.
+  CHECK(bound(m22, "P,R", "R,P") == bytes / 2);
+  // (S(0), P) -> (P(sum), R) on 2x4: 4 parts, 4 target groups, 6 messages per element: 3/4 of
+  // the tensor per rank, which the all-reduce over mesh dim 1 (and a fill) moves.
+  const DeviceMesh m24({2, 4});
+  const Layout halves = layout(m24, "S(0),P", shape);
+  const Layout summed = layout(m24, "P(sum),R", shape);
+  CHECK(lower_bound_bytes_recv_max(halves, summed) == bytes * 3 / 4);
+  CHECK(plan_redistribute(halves, summed).bytes_recv_max() == bytes * 3 / 4);
+  // Its one all-reduce group of 4 moves 2 x 3/4 of a half: uneven halves (4 and 3 rows of 10)
+  // leave the bound below the larger half's all-reduce.
+  const Layout uneven = layout(m24, "S(0),P", Shape{7, 10});
+  CHECK(lower_bound_bytes_recv_max(uneven, layout(m24, "P(sum),R", Shape{7, 10})) ==
+        (6 * 70 + 7) / 8 * 4);
   // An element no rank holds on both sides costs one more: (P, S(0)) -> (S(0), S(1)) has half
   // of them (1.5 receives per element over 4 ranks: 3/8 of the tensor), (P, S(0)) -> (R, S(1))
   // too (2.5: 5/8); the exchange from a Partial reaches both under the bytes objective.

@@ -455,8 +455,9 @@ constexpr std::int64_t held_in_both(const Layout& src, const Layout& dst) {
 }
 
 // Elements some rank must receive to reduce a Partial source into a target whose Partial dims
-// all keep the source's (none is made), whatever the plan: 0 when no Partial is reduced or a
-// target Partial is made. An element has G distinct parts (G: the product of the extents of the
+// all keep the source's, or (made below) all are made from other placements, whatever the plan:
+// 0 when no Partial is reduced, a Partial changes op, or a target keeps one and makes one. An
+// element has G distinct parts (G: the product of the extents of the
 // source's Partial dims, kept and reduced), and in each of the K classes of ranks that agree on
 // the kept dims, T ranks whose target block holds it (T: the product of the extents of the
 // target's Replicate dims). Any plan leaves some y >= 1 classes holding values that depend on the
@@ -474,9 +475,19 @@ constexpr std::int64_t held_in_both(const Layout& src, const Layout& dst) {
 // independent: (P, P) -> (P, R) on 2x4 reduce-scatters mesh dim 0, all-reduces mesh dim 1 and
 // fills mesh dim 0, receiving 1.25 times the tensor per rank (this bound), where an all-reduce
 // within each class receives 1.5 times it.
+// Made Partials (the target's Partial dims, of more than one rank, where the source holds none,
+// every source Partial reduced): the ranks that differ only there form a target group, whose
+// values combine to the element's; the T groups whose target block holds it (T as above) each
+// need every part in the union of their members' causal pasts, and a group's members all hold
+// the same part or none (they agree on the source's Partial dims). The first group to cover
+// all G parts has at least G - 1 receives in those pasts (the messages link G distinct holders
+// to its members, at most one of them a holder); one receive completes one group at most, so
+// each of the T - 1 others receives once more afterwards: G + T - 2 per element. (S(0), P) ->
+// (P(sum), R) on 2x4: 6 per element, 3/4 of the tensor per rank, the all-reduce on mesh dim 1.
 constexpr std::int64_t reduction_elements(const Layout& src, const Layout& dst) {
   const DeviceMesh& mesh = src.mesh();
   std::int64_t parts = 1, reduced = 1, replicas = 1, classes = 1;
+  bool made = false;
   for (int k = 0; k < mesh.ndim(); ++k) {
     const Placement a = src.placement(k), b = dst.placement(k);
     if (a.is_partial()) parts *= mesh.size(k);
@@ -484,11 +495,19 @@ constexpr std::int64_t reduction_elements(const Layout& src, const Layout& dst) 
       classes *= mesh.size(k);
       continue;
     }
-    if (b.is_partial()) return 0;  // a target Partial made here: its group splits the work
+    if (b.is_partial()) {
+      if (a.is_partial()) return 0;  // another op on the same ranks: not counted here
+      made = made || mesh.size(k) > 1;
+      continue;
+    }
     if (a.is_partial()) reduced *= mesh.size(k);
     if (b.is_replicate()) replicas *= mesh.size(k);
   }
-  if (reduced == 1) return 0;
+  if (reduced == 1 || (made && classes > 1)) return 0;
+  if (made) {
+    const std::int64_t total = bytes_mul(parts + replicas - 2, src.global_numel());
+    return bytes_add(total, mesh.size() - 1) / mesh.size();
+  }
   const std::int64_t per_element = replicas >= 2 ? parts + replicas - 2 : parts - classes;
   std::int64_t total = bytes_mul(per_element, src.global_numel());
   if (classes == 1) total = bytes_add(total, src.global_numel() - held_in_both(src, dst));
