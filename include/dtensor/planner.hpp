@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "config.hpp"
@@ -439,6 +440,12 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
 // shards either side. The whole tensor (nothing learnt) where those are more than
 // max_partial_exchange_ranks.
 constexpr std::int64_t held_in_both(const Layout& src, const Layout& dst) {
+  // Where one side shards nothing its blocks are the whole tensor, and the other side's blocks
+  // over the ranks that differ where it shards tile the tensor: every element is held in both.
+  auto shards = [](const Placements& ps) {
+    return std::any_of(ps.begin(), ps.end(), [](const Placement& p) { return p.is_shard(); });
+  };
+  if (!shards(src.placements()) || !shards(dst.placements())) return src.global_numel();
   const DeviceMesh& mesh = src.mesh();
   bool fixed[max_mesh_dims] = {};
   std::int64_t ranks = 1;

@@ -6,6 +6,7 @@
 #include "../placement.hpp"
 #include "checked.hpp"
 #include "partial_exchange.hpp"
+#include "static_vector.hpp"
 
 // An exchange from a Partial: a step from placements with Partial(op) on some mesh dims (the
 // reduced dims, one op on all) to placements without Partial, in two point-to-point rounds. The
@@ -108,6 +109,35 @@ constexpr std::int64_t least_where(std::int64_t low, std::int64_t high, Holds ho
   return high;
 }
 
+// The most a cut can save along one tensor dim: every row (index) saves at most the largest
+// cross[j] of the members j whose range [t_lo[j], t_hi[j]) holds it (only one member owns it).
+constexpr std::int64_t rows_saved(
+    const static_vector<std::int64_t, max_partial_exchange_ranks>& cross,
+    const static_vector<std::int64_t, max_partial_exchange_ranks>& t_lo,
+    const static_vector<std::int64_t, max_partial_exchange_ranks>& t_hi, int g) {
+  // The ranges' ends, sorted; between two neighbours every range holds all rows or none.
+  static_vector<std::int64_t, std::size_t{2} * max_partial_exchange_ranks> ends;
+  for (int j = 0; j < g; ++j) {
+    if (cross[j] == 0) continue;
+    for (const std::int64_t x : {t_lo[j], t_hi[j]}) {
+      ends.push_back(x);
+      for (std::size_t i = ends.size() - 1; i > 0 && ends[i - 1] > ends[i]; --i) {
+        const std::int64_t t = ends[i];
+        ends[i] = ends[i - 1];
+        ends[i - 1] = t;
+      }
+    }
+  }
+  std::int64_t saved = 0;
+  for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
+    std::int64_t most = 0;
+    for (int j = 0; j < g; ++j)
+      if (t_lo[j] <= ends[i] && ends[i + 1] <= t_hi[j] && cross[j] > most) most = cross[j];
+    saved = bytes_add(saved, bytes_mul(most, ends[i + 1] - ends[i]));
+  }
+  return saved;
+}
+
 // The parts of the group of `coord` (reduced dims `dims`, at most max_partial_exchange_ranks
 // members) in an exchange from `before` to `after`: over every tensor dim and both orders of the
 // members, the cut whose busiest member receives the fewest elements (binary search on that
@@ -127,11 +157,17 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
     for (int i = 0; i <= g; ++i) out.cut[i] = block.offset[0];
     return out;
   }
-  Box target[max_partial_exchange_ranks];
+  // Per member: its target block's size, and the part of that block in the group's block.
+  // (Only the members' entries are written: the vectors' other slots are never touched.)
+  using PerMember = static_vector<std::int64_t, max_partial_exchange_ranks>;
+  PerMember target;
+  static_vector<Box, max_partial_exchange_ranks> inside;
   std::int64_t most_target = 0;
   for (int j = 0; j < g; ++j) {
-    target[j] = base.local_box(after, group_member(mesh, coord, dims, j));
-    most_target = target[j].numel() > most_target ? target[j].numel() : most_target;
+    const Box t = base.local_box(after, group_member(mesh, coord, dims, j));
+    target.push_back(t.numel());
+    inside.push_back(intersect(t, block));
+    most_target = t.numel() > most_target ? t.numel() : most_target;
   }
   std::int64_t best = -1, best_largest = 0;
   for (int d = 0; d < nd; ++d) {
@@ -139,19 +175,18 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
     // A row (one index of dim d) costs its owner `per_row` elements in the first round, less
     // cross[j] in the second where member j's target holds it.
     const std::int64_t per_row = bytes_mul(g - 1, block.numel() / block.shape[d]);
-    std::int64_t cross[max_partial_exchange_ranks] = {}, t_lo[max_partial_exchange_ranks] = {},
-                 t_hi[max_partial_exchange_ranks] = {};
+    PerMember cross, t_lo, t_hi;
     for (int j = 0; j < g; ++j) {
-      const Box in = intersect(target[j], block);
-      if (in.empty()) continue;
-      cross[j] = in.numel() / in.shape[d];
-      t_lo[j] = in.offset[d];
-      t_hi[j] = in.offset[d] + in.shape[d];
+      const Box& in = inside[j];
+      const bool none = in.empty();
+      cross.push_back(none ? 0 : in.numel() / in.shape[d]);
+      t_lo.push_back(none ? 0 : in.offset[d]);
+      t_hi.push_back(none ? 0 : in.offset[d] + in.shape[d]);
     }
     // The farthest end e of a range from x for member j whose count is at most `limit` (-1
     // when even the empty range's is more): the count is piecewise linear in e.
     auto reach = [&](int j, std::int64_t x, std::int64_t limit) -> std::int64_t {
-      std::int64_t count = target[j].numel();
+      std::int64_t count = target[j];
       if (count > limit) return -1;
       const std::int64_t p1 = t_lo[j] < x ? x : (t_lo[j] > hi ? hi : t_lo[j]);
       const std::int64_t p2 = t_hi[j] < p1 ? p1 : (t_hi[j] > hi ? hi : t_hi[j]);
@@ -167,6 +202,13 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       return hi;
     };
     const std::int64_t all = hi - lo, row = block.numel() / block.shape[d];
+    // Under any cut the busiest member's count is at least every member's empty range's and
+    // the members' mean, where a row saves at most the most any member whose target holds it
+    // saves (rows_saved): where that is reached (often) the search below is one test.
+    std::int64_t total = bytes_mul(per_row, all) - rows_saved(cross, t_lo, t_hi, g);
+    for (int j = 0; j < g; ++j) total = bytes_add(total, target[j]);
+    const std::int64_t mean = (total + g - 1) / g;
+    const std::int64_t least = mean > most_target ? mean : most_target;
     for (const bool reversed : {false, true}) {
       // Whether every member's count can be at most `limit` with at most `rows` indices each
       // (the cuts into `cut`, when given).
@@ -184,11 +226,21 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       std::int64_t high = bytes_add(most_target, bytes_mul(per_row, all));
       if (best >= 0 && best < high) high = best;
       if (!fits(high, all, nullptr)) continue;
+      // A later dim or order must beat or tie the best so far: a tie is one test more.
+      const bool ties =
+          best >= 0 && high == best && (high == least || !fits(high - 1, all, nullptr));
       const std::int64_t count =
-          least_where(most_target, high, [&](std::int64_t c) { return fits(c, all, nullptr); });
-      // At that count, the smallest largest part: the first round's slowest member.
-      const std::int64_t rows = least_where(
-          (all + g - 1) / g, all, [&](std::int64_t r) { return fits(count, r, nullptr); });
+          ties ? high
+          : least >= high || fits(least, all, nullptr)
+              ? (least < high ? least : high)
+              : least_where(least + 1, high, [&](std::int64_t c) { return fits(c, all, nullptr); });
+      // At that count, the smallest largest part (the first round's slowest member): an even
+      // cut's, often.
+      const std::int64_t even = (all + g - 1) / g;
+      const std::int64_t rows =
+          fits(count, even, nullptr)
+              ? even
+              : least_where(even + 1, all, [&](std::int64_t r) { return fits(count, r, nullptr); });
       const std::int64_t largest = bytes_mul(rows, row);
       if (best >= 0 && (count > best || (count == best && largest >= best_largest))) continue;
       best = count;
