@@ -333,8 +333,8 @@ int print_relabelling(const Layout& src, const Layout& dst, const Options& o) {
   for (int q = 0; q < r.size(); ++q) {
     const int p = r.rank_for(q);
     fmt::print("  {:>5}  {:>4}  {:<12} {:<12} {:>12} {:>12}\n", q, from.rank_at(p),
-               from.coordinate(from.rank_at(p)), to.coordinate(to.rank_at(q)),
-               relabel_bytes_recv(src, dst, q, q), relabel_bytes_recv(src, dst, p, q));
+               from.coordinate_at(p), to.coordinate_at(q), relabel_bytes_recv(src, dst, q, q),
+               relabel_bytes_recv(src, dst, p, q));
   }
   fmt::print("total: recv max {} B (before {} B), in all {} B (before {} B)\n",
              r.bytes_recv_max_after(), r.bytes_recv_max_before(), r.bytes_recv_total_after(),

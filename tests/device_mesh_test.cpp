@@ -70,6 +70,15 @@ TEST_CASE("sub-meshes keep the global ranks of their parent", "[mesh]") {
   const MeshGroup g = pp_tp.group(7, 0);
   CHECK(g.rank(0) == 3);
   CHECK(g.rank(1) == 7);
+  // Row-major positions and coordinates without the global ranks in between.
+  for (int i = 0; i < pp_tp.size(); ++i) {
+    CHECK(pp_tp.coordinate_at(i) == pp_tp.coordinate(pp_tp.rank_at(i)));
+    CHECK(pp_tp.index(pp_tp.coordinate_at(i)) == i);
+    CHECK(pp_tp.index(pp_tp.coordinate_at(i)) == pp_tp.index_of(pp_tp.rank_at(i)));
+  }
+  CHECK_THROWS_WITH(pp_tp.coordinate_at(4), Catch::Contains("4"));
+  CHECK_THROWS_WITH(pp_tp.index(MeshCoord{0, 2}), Catch::Contains("2"));
+  CHECK_THROWS_WITH(pp_tp.index(MeshCoord{0}), Catch::Contains("1"));
 }
 
 TEST_CASE("bad meshes are refused with the offending value", "[mesh][errors]") {

@@ -147,10 +147,27 @@ class DeviceMesh {
     return r;
   }
   // The position in row-major order (0..size()-1) of global rank `rank`.
-  [[nodiscard]] constexpr int index_of(int rank) const {
-    const MeshCoord c = coordinate(rank);
+  [[nodiscard]] constexpr int index_of(int rank) const { return index(coordinate(rank)); }
+  // The coordinate of the i-th rank in row-major order: coordinate(rank_at(i)).
+  [[nodiscard]] constexpr MeshCoord coordinate_at(int i) const {
+    if (i < 0 || i >= size_) detail::fail<detail::why::rank_out_of_mesh>(i, size_);
+    MeshCoord c(static_cast<std::size_t>(ndim()), 0);
+    for (int d = ndim(); d-- > 0;) {
+      c[d] = i % extents_[d];
+      i /= extents_[d];
+    }
+    return c;
+  }
+  // The position in row-major order of coordinate `coord`: index_of(rank(coord)).
+  [[nodiscard]] constexpr int index(const MeshCoord& coord) const {
+    if (static_cast<int>(coord.size()) != ndim())
+      detail::fail<detail::why::coord_size_mismatch>(coord.size(), ndim());
     int i = 0;
-    for (int d = 0; d < ndim(); ++d) i = i * extents_[d] + c[d];
+    for (int d = 0; d < ndim(); ++d) {
+      if (coord[d] < 0 || coord[d] >= extents_[d])
+        detail::fail<detail::why::coord_out_of_range>(coord[d], d, extents_[d]);
+      i = i * extents_[d] + coord[d];
+    }
     return i;
   }
 

@@ -40,8 +40,7 @@ inline std::int64_t workspace_bytes(const Plan& plan, std::uint32_t point_to_poi
   const DeviceMesh& mesh = plan.src().mesh();
   std::int64_t most = 0;
   for (int r = 0; r < mesh.size(); ++r)
-    most = std::max(
-        most, rank_workspace_bytes(plan, mesh.coordinate(mesh.rank_at(r)), point_to_point, a));
+    most = std::max(most, rank_workspace_bytes(plan, mesh.coordinate_at(r), point_to_point, a));
   return most;
 }
 

@@ -1060,7 +1060,7 @@ struct plan_builder {
             const Box want = base.local_box(s.after, c);
             RankStepCost rc;
             if (i == partial_step) {
-              const int at = mesh.index_of(mesh.rank(c));
+              const int at = mesh.index(c);
               rc = {{bytes_mul(partial.send[at], base.elem_bytes()),
                      bytes_mul(partial.recv[at], base.elem_bytes())},
                     partial.us[at]};

@@ -208,7 +208,7 @@ void check_typed(const Plan& plan, const std::vector<std::vector<T>>& given,
   // Reduce each target group (ranks that differ only on the target's Partial dims),
   // outermost Partial dim first, and compare with the global view.
   for (int i = 0; i < n; ++i) {
-    const MeshCoord c = mesh.coordinate(mesh.rank_at(i));
+    const MeshCoord c = mesh.coordinate_at(i);
     bool leader = true;
     for (int k = 0; k < mesh.ndim(); ++k)
       leader = leader && (!dst.placement(k).is_partial() || c[k] == 0);
@@ -230,7 +230,7 @@ void check_typed(const Plan& plan, const std::vector<std::vector<T>>& given,
     const auto count = static_cast<std::size_t>(box.numel());
     std::vector<std::vector<double>> values;
     for (const MeshCoord& m : members) {
-      const auto& o = out[static_cast<std::size_t>(mesh.index_of(mesh.rank(m)))];
+      const auto& o = out[static_cast<std::size_t>(mesh.index(m))];
       std::vector<double> v(count);
       for (std::size_t e = 0; e < count; ++e) v[e] = double(widen(o[e]));
       values.push_back(std::move(v));

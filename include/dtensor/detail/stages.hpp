@@ -80,7 +80,7 @@ constexpr bool blocks_within_ends(const Plan& plan) {
   const Layout& base = plan.src();
   const DeviceMesh& mesh = base.mesh();
   for (int r = 0; r < mesh.size(); ++r) {
-    const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
+    const MeshCoord c = mesh.coordinate_at(r);
     const std::int64_t from = base.local_box(c).numel(), to = plan.dst().local_box(c).numel();
     const std::int64_t larger = from > to ? from : to;
     for (std::size_t i = 0; i + 1 < n; ++i)

@@ -402,13 +402,13 @@ constexpr bool partial_exchange_costs(const Layout& base, const Placements& befo
   if (ranks > max_partial_exchange_ranks) return false;
   for (int i = 0; i < ranks; ++i) out.send[i] = 0;
   for (int i = 0; i < ranks; ++i) {
-    const MeshCoord receiver = mesh.coordinate(mesh.rank_at(i));
+    const MeshCoord receiver = mesh.coordinate_at(i);
     const OwnedPart part = owned_part(base, before, after, receiver);
     if (!part.ok) return false;
-    const ExchangeCost mine = partial_receives(
-        base, before, part, receiver, cost, [&](const MeshCoord& source, const Box& piece) {
-          out.send[mesh.index_of(mesh.rank(source))] += piece.numel();
-        });
+    const ExchangeCost mine = partial_receives(base, before, part, receiver, cost,
+                                               [&](const MeshCoord& source, const Box& piece) {
+                                                 out.send[mesh.index(source)] += piece.numel();
+                                               });
     out.recv[i] = mine.recv;
     out.us[i] = mine.us;
   }
@@ -564,11 +564,11 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   const unsigned dims = reduced_partials(before, after).dims;
   Box part[max_partial_exchange_ranks];
   for (int i = 0; i < ranks; ++i) {
-    const MeshCoord c = mesh.coordinate(mesh.rank_at(i));
+    const MeshCoord c = mesh.coordinate_at(i);
     if (group_index(mesh, c, dims) != 0) continue;
     const GroupParts parts = group_parts(base, before, after, dims, c);
     for (int j = 0; j < parts.members; ++j) {
-      const int at = mesh.index_of(mesh.rank(group_member(mesh, c, dims, j)));
+      const int at = mesh.index(group_member(mesh, c, dims, j));
       part[at] = parts.part(j);
       out.send[at] = parts.block.numel() - part[at].numel();
     }
@@ -577,7 +577,7 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
   double first = 0, second = 0;
   for (int i = 0; i < ranks; ++i) {
-    const MeshCoord receiver = mesh.coordinate(mesh.rank_at(i));
+    const MeshCoord receiver = mesh.coordinate_at(i);
     ExchangeCost mine;
     first_round_receives(mesh, receiver, dims, part[i].numel()).price(base, cost, mine);
     first = mine.us > first ? mine.us : first;
@@ -586,7 +586,7 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
     const Box want = base.local_box(after, receiver);
     for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& owner) {
       if (owner == receiver) return;
-      const int at = mesh.index_of(mesh.rank(owner));
+      const int at = mesh.index(owner);
       const std::int64_t n = overlap_numel(want, part[at]);
       if (n == 0) return;
       deliver.add(outermost_difference(owner, receiver), n);
@@ -754,7 +754,7 @@ constexpr bool step_is_even(const Plan& plan, const Step& s) {
   if (gathered == 0 || scattered == 0) return false;
   if (gathered == 1 && scattered == 1) return true;
   for (int r = 0; r < mesh.size(); ++r) {  // too many sizes to follow: every rank
-    const MeshCoord c = mesh.coordinate(mesh.rank_at(r));
+    const MeshCoord c = mesh.coordinate_at(r);
     if (i >= 0 && base.local_box(s.after, c).shape[i] % g != 0) return false;
     if (j >= 0 && base.local_box(s.before, c).shape[j] % g != 0) return false;
   }
