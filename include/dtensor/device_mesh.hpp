@@ -126,14 +126,9 @@ class DeviceMesh {
   }
   // The global rank at coordinate `coord`.
   [[nodiscard]] constexpr int rank(const MeshCoord& coord) const {
-    if (static_cast<int>(coord.size()) != ndim())
-      detail::fail<detail::why::coord_size_mismatch>(coord.size(), ndim());
+    check_coord(coord);
     int r = offset_;
-    for (int i = 0; i < ndim(); ++i) {
-      if (coord[i] < 0 || coord[i] >= extents_[i])
-        detail::fail<detail::why::coord_out_of_range>(coord[i], i, extents_[i]);
-      r += coord[i] * strides_[i];
-    }
+    for (int i = 0; i < ndim(); ++i) r += coord[i] * strides_[i];
     return r;
   }
   // The global rank of the i-th rank in row-major order (i in [0, size())).
@@ -160,14 +155,9 @@ class DeviceMesh {
   }
   // The position in row-major order of coordinate `coord`: index_of(rank(coord)).
   [[nodiscard]] constexpr int index(const MeshCoord& coord) const {
-    if (static_cast<int>(coord.size()) != ndim())
-      detail::fail<detail::why::coord_size_mismatch>(coord.size(), ndim());
+    check_coord(coord);
     int i = 0;
-    for (int d = 0; d < ndim(); ++d) {
-      if (coord[d] < 0 || coord[d] >= extents_[d])
-        detail::fail<detail::why::coord_out_of_range>(coord[d], d, extents_[d]);
-      i = i * extents_[d] + coord[d];
-    }
+    for (int d = 0; d < ndim(); ++d) i = i * extents_[d] + coord[d];
     return i;
   }
 
@@ -216,6 +206,14 @@ class DeviceMesh {
   [[nodiscard]] constexpr int checked_dim(int dim) const {
     if (dim < 0 || dim >= ndim()) detail::fail<detail::why::mesh_dim_out_of_range>(dim, ndim());
     return dim;
+  }
+  // Fails unless `coord` has one coordinate per mesh dim, each within its extent.
+  constexpr void check_coord(const MeshCoord& coord) const {
+    if (static_cast<int>(coord.size()) != ndim())
+      detail::fail<detail::why::coord_size_mismatch>(coord.size(), ndim());
+    for (int d = 0; d < ndim(); ++d)
+      if (coord[d] < 0 || coord[d] >= extents_[d])
+        detail::fail<detail::why::coord_out_of_range>(coord[d], d, extents_[d]);
   }
 
   // Splits rank - offset into coordinates, dims in decreasing stride order (the mesh's order).

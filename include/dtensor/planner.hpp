@@ -511,13 +511,11 @@ constexpr std::int64_t reduction_elements(const Layout& src, const Layout& dst) 
     if (b.is_replicate()) replicas *= mesh.size(k);
   }
   if (reduced == 1 || (made && classes > 1)) return 0;
-  if (made) {
-    const std::int64_t total = bytes_mul(parts + replicas - 2, src.global_numel());
-    return bytes_add(total, mesh.size() - 1) / mesh.size();
-  }
+  // With made Partials (one class) this is G + T - 2 as well, G - 1 when T = 1; the one more
+  // receive of an element no rank holds on both sides counts target ranks, not groups.
   const std::int64_t per_element = replicas >= 2 ? parts + replicas - 2 : parts - classes;
   std::int64_t total = bytes_mul(per_element, src.global_numel());
-  if (classes == 1) total = bytes_add(total, src.global_numel() - held_in_both(src, dst));
+  if (classes == 1 && !made) total = bytes_add(total, src.global_numel() - held_in_both(src, dst));
   return bytes_add(total, mesh.size() - 1) / mesh.size();
 }
 

@@ -226,14 +226,17 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       std::int64_t high = bytes_add(most_target, bytes_mul(per_row, all));
       if (best >= 0 && best < high) high = best;
       if (!fits(high, all, nullptr)) continue;
-      // A later dim or order must beat or tie the best so far: a tie is one test more.
-      const bool ties =
-          best >= 0 && high == best && (high == least || !fits(high - 1, all, nullptr));
-      const std::int64_t count =
-          ties ? high
-          : least >= high || fits(least, all, nullptr)
-              ? (least < high ? least : high)
-              : least_where(least + 1, high, [&](std::int64_t c) { return fits(c, all, nullptr); });
+      // The least count that fits, in [least, high] (least is at most high: high fits). A later
+      // dim or order must beat or tie the best so far, and a tie is one test more.
+      std::int64_t count = high;
+      if (least < high) {
+        const bool ties = best >= 0 && high == best && !fits(high - 1, all, nullptr);
+        if (!ties)
+          count =
+              fits(least, all, nullptr) ? least : least_where(least + 1, high, [&](std::int64_t c) {
+                return fits(c, all, nullptr);
+              });
+      }
       // At that count, the smallest largest part (the first round's slowest member): an even
       // cut's, often.
       const std::int64_t even = (all + g - 1) / g;
