@@ -1015,24 +1015,36 @@ struct plan_builder {
       }
       any_varies = true;
     }
+    const bool by_bytes = o.objective == Objective::bytes;
+    const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
     // An exchange into or from a Partial is costed for every rank at once (each rank's or
-    // group's part found once); a plan whose parts do not fit is no plan.
+    // group's part found once); a plan whose parts do not fit is no plan. One from a Partial
+    // stops as soon as it loses, with the steps costed above.
     RankExchangeCosts partial;  // NOLINT(cppcoreguidelines-pro-type-member-init): written first
+    double limit_us = 1e300;
+    std::int64_t limit_recv = INT64_MAX;
+    if (incumbent != nullptr) {
+      if (by_bytes) {
+        limit_recv = (incumbent->bytes_recv_max() - uniform_total.recv) / base.elem_bytes();
+      } else {
+        limit_us = us_limit;
+        for (const Step& s : plan.steps_) limit_us -= s.est_us;
+      }
+    }
     std::size_t partial_step = plan.steps_.size();
     for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
       const Step& s = plan.steps_[i];
       if (s.kind != StepKind::exchange) continue;
       const bool reduces = exchange_reduces(s.before, s.after);
       if (!reduces && !makes_partial(s.before, s.after)) continue;
-      if (!(reduces ? reducing_exchange_costs(base, s.before, s.after, o.cost_model, partial)
+      if (!(reduces ? reducing_exchange_costs(base, s.before, s.after, o.cost_model, partial,
+                                              limit_us, limit_recv)
                     : partial_exchange_costs(base, s.before, s.after, o.cost_model, partial))) {
         plan.pruned_ = true;
         return;
       }
       partial_step = i;
     }
-    const bool by_bytes = o.objective == Objective::bytes;
-    const double us_limit = incumbent != nullptr ? time_to_beat(*incumbent) : 0;
     // Every later step only adds: the plan cannot beat the incumbent once a rank's bytes so far,
     // or the steps' times so far, exceed the incumbent's.
     auto loses_at = [&](std::int64_t recv, double us) {
@@ -1193,46 +1205,6 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
                              const MeshCoord& probe, Plan& best, bool from_partial) {
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
-  // Straight from the source's Partials where `from_partial` (reduce_exchange.hpp): each group
-  // reduces its block in parts cut to what its members keep, then every rank takes its target
-  // block from the owners; as it is, and after chunking the source's Replicate dims to the
-  // target's shards there (each group then reduces a smaller block). Under the time objective
-  // the probe's own time must first pass.
-  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
-      exchange_reduces(a, b)) {
-    Transitions chunks;
-    Placements chunked = a;
-    for (int k = 0; k < static_cast<int>(a.size()); ++k)
-      if (a[k].is_replicate() && b[k].is_shard() && src.mesh().size(k) > 1) {
-        chunks.push_back({k, a[k], b[k]});
-        chunked[k] = b[k];
-      }
-    const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
-    // Under the time objective, the floors of the probe's group's rounds must pass (first those
-    // that do not cut its block), then those with the probe's own second round exactly.
-    const bool timed =
-        options.objective == Objective::time && plan_builder::incumbent(best) != nullptr;
-    for (const bool chunk : {false, true}) {
-      if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
-      const Placements& from = chunk ? chunked : a;
-      if (timed) {
-        const double beat = plan_builder::time_to_beat(best);
-        const RoundFloors quick =
-            reducing_exchange_floors(src, from, b, probe, options.cost_model, false);
-        if (quick.first + quick.second > beat) continue;
-        const RoundFloors floors =
-            reducing_exchange_floors(src, from, b, probe, options.cost_model, true);
-        if (floors.first + floors.second > beat) continue;
-        const ExchangeCost e =
-            reducing_exchange_cost(src, from, b, probe, options.cost_model, false);
-        const double second = e.us - e.first_round_us;
-        if (floors.first + (second > floors.second ? second : floors.second) > beat) continue;
-      }
-      const Plan p = plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {},
-                                         options, plan_builder::incumbent(best), &probe);
-      if (better(p, best, options.objective)) best = p;
-    }
-  }
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
   int num_reduced = 0, num_made = 0, num_chunked = 0;
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
@@ -1332,6 +1304,50 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     if (better(p, best, options.objective)) {
       best = p;
       last_change = combo;
+    }
+  }
+  // Straight from the source's Partials where `from_partial` (reduce_exchange.hpp), last (the
+  // costliest to cost, against the best of the others): each group reduces its block in parts
+  // cut to what its members keep, then every rank takes its target block from the owners; as it
+  // is, and after chunking the source's Replicate dims to the target's shards there (each group
+  // then reduces a smaller block). Under the time objective one rank's time must first pass.
+  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
+      exchange_reduces(a, b)) {
+    Transitions chunks;
+    Placements chunked = a;
+    for (int k = 0; k < static_cast<int>(a.size()); ++k)
+      if (a[k].is_replicate() && b[k].is_shard() && src.mesh().size(k) > 1) {
+        chunks.push_back({k, a[k], b[k]});
+        chunked[k] = b[k];
+      }
+    const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
+    // Under the time objective, the floors that do not cut a block must pass, the probe's then
+    // every rank's (their slowest rounds); then, on the rank that lacks the most outside its
+    // group's block (the probe where the bound says which is busiest, often not here), those of
+    // its group's rounds, then its own second round exactly.
+    const bool timed =
+        options.objective == Objective::time && plan_builder::incumbent(best) != nullptr;
+    for (const bool chunk : {false, true}) {
+      if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
+      const Placements& from = chunk ? chunked : a;
+      if (timed) {
+        const double beat = plan_builder::time_to_beat(best);
+        const CostModel& model = options.cost_model;
+        const RoundFloors quick = reducing_exchange_floors(src, from, b, probe, model, false);
+        if (quick.first + quick.second > beat) continue;
+        const SlowestFloors slowest = slowest_quick_floors(src, from, b, model);
+        if (slowest.floors.first + slowest.floors.second > beat) continue;
+        const MeshCoord& at = slowest.floors.second > quick.second ? slowest.at : probe;
+        const GroupParts parts = group_parts(src, from, b, reduced_partials(from, b).dims, at);
+        const RoundFloors floors = reducing_exchange_floors(src, from, b, at, model, true, &parts);
+        if (floors.first + floors.second > beat) continue;
+        const ExchangeCost e = reducing_exchange_cost(src, from, b, at, model, false, &parts);
+        const double second = e.us - e.first_round_us;
+        if (floors.first + (second > floors.second ? second : floors.second) > beat) continue;
+      }
+      const Plan p = plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {},
+                                         options, plan_builder::incumbent(best), &probe);
+      if (better(p, best, options.objective)) best = p;
     }
   }
 }

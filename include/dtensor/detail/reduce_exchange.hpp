@@ -169,6 +169,11 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
     inside.push_back(intersect(t, block));
     most_target = t.numel() > most_target ? t.numel() : most_target;
   }
+  // Where every member's target meets the block alike (their targets differ only outside it,
+  // as where the target does not shard the reduced dims), the reversed order is the forward
+  // one's mirror: the same counts, and a tie keeps the forward one.
+  bool alike = true;
+  for (int j = 1; j < g && alike; ++j) alike = target[j] == target[0] && inside[j] == inside[0];
   std::int64_t best = -1, best_largest = 0;
   for (int d = 0; d < nd; ++d) {
     const std::int64_t lo = block.offset[d], hi = lo + block.shape[d];
@@ -210,6 +215,7 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
     const std::int64_t mean = (total + g - 1) / g;
     const std::int64_t least = mean > most_target ? mean : most_target;
     for (const bool reversed : {false, true}) {
+      if (reversed && alike) break;
       // Whether every member's count can be at most `limit` with at most `rows` indices each
       // (the cuts into `cut`, when given).
       auto fits = [&](std::int64_t limit, std::int64_t rows, std::int64_t* cut) {
@@ -238,12 +244,21 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
               });
       }
       // At that count, the smallest largest part (the first round's slowest member): an even
-      // cut's, often.
+      // cut's, often; else at most the largest part of the cut without a limit on parts, and
+      // often that.
       const std::int64_t even = (all + g - 1) / g;
-      const std::int64_t rows =
-          fits(count, even, nullptr)
-              ? even
-              : least_where(even + 1, all, [&](std::int64_t r) { return fits(count, r, nullptr); });
+      std::int64_t rows = even;
+      if (!fits(count, even, nullptr)) {
+        std::int64_t free_cut[max_partial_exchange_ranks + 1] = {lo};
+        fits(count, all, free_cut);
+        std::int64_t most = 0;
+        for (int i = 0; i < g; ++i)
+          most = free_cut[i + 1] - free_cut[i] > most ? free_cut[i + 1] - free_cut[i] : most;
+        rows = most <= even + 1 || !fits(count, most - 1, nullptr)
+                   ? most
+                   : least_where(even + 1, most - 1,
+                                 [&](std::int64_t r) { return fits(count, r, nullptr); });
+      }
       const std::int64_t largest = bytes_mul(rows, row);
       if (best >= 0 && (count > best || (count == best && largest >= best_largest))) continue;
       best = count;

@@ -431,10 +431,11 @@ constexpr ReceivesByLink first_round_receives(const DeviceMesh& mesh, const Mesh
 // The owners the rank at `receiver` takes its target block from in an exchange from a Partial
 // (reduce_exchange.hpp; `dims` the reduced mesh dims): f(owner, piece) for every part that meets
 // the block, its own included, in the groups whose coordinates on the Replicate dims of
-// `before` are the receiver's.
+// `before` are the receiver's. `own`, when given, is the parts of the receiver's group.
 template <class F>
 constexpr void for_each_owner(const Layout& base, const Placements& before, const Placements& after,
-                              unsigned dims, const MeshCoord& receiver, F&& f) {
+                              unsigned dims, const MeshCoord& receiver, F&& f,
+                              const GroupParts* own = nullptr) {
   const DeviceMesh& mesh = base.mesh();
   const Box want = base.local_box(after, receiver);
   if (want.empty()) return;
@@ -442,7 +443,8 @@ constexpr void for_each_owner(const Layout& base, const Placements& before, cons
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
   for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& group) {
     if (overlap_numel(base.local_box(before, group), want) == 0) return;
-    const GroupParts parts = group_parts(base, before, after, dims, group);
+    const GroupParts parts =
+        own != nullptr && group == receiver ? *own : group_parts(base, before, after, dims, group);
     for (int j = 0; j < parts.members; ++j) {
       const Box piece = intersect(want, parts.part(j));
       if (!piece.empty()) f(group_member(mesh, group, dims, j), piece);
@@ -469,21 +471,27 @@ constexpr void for_each_owned_target(const Layout& base, const Placements& befor
 
 // An exchange from a Partial seen from the rank at `coord`: both rounds' receives (each
 // member's partial of its part from every other member; then the pieces of its target block it
-// does not own), their times added, and with `sends` the elements it sends in both.
+// does not own), their times added, and with `sends` the elements it sends in both. `group`,
+// when given, is the parts of its group.
 constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placements& before,
                                               const Placements& after, const MeshCoord& coord,
-                                              const CostModel& cost, bool sends = true) {
+                                              const CostModel& cost, bool sends = true,
+                                              const GroupParts* group = nullptr) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
-  const GroupParts parts = group_parts(base, before, after, dims, coord);
+  const GroupParts parts =
+      group != nullptr ? *group : group_parts(base, before, after, dims, coord);
   const Box own = parts.part(group_index(mesh, coord, dims));
   ExchangeCost out;
   first_round_receives(mesh, coord, dims, own.numel()).price(base, cost, out);
   out.first_round_us = out.us;
   ReceivesByLink deliver;
-  for_each_owner(base, before, after, dims, coord, [&](const MeshCoord& owner, const Box& piece) {
-    if (!(owner == coord)) deliver.add(outermost_difference(owner, coord), piece.numel());
-  });
+  for_each_owner(
+      base, before, after, dims, coord,
+      [&](const MeshCoord& owner, const Box& piece) {
+        if (!(owner == coord)) deliver.add(outermost_difference(owner, coord), piece.numel());
+      },
+      &parts);
   deliver.price(base, cost, out);
   if (sends) {
     out.send = parts.block.numel() - own.numel();
@@ -502,7 +510,7 @@ constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placemen
 // others (the rest), at best over the fastest of the links between members, and of all. Without
 // `cut`, lower ones that do not cut the group's block: the member with the largest part (at
 // least 1/g of the block) receives g-1 messages of it, and `coord` what of its target block its
-// group's block lacks.
+// group's block lacks. `own`, when given with `cut`, is the parts of the group of `coord`.
 struct RoundFloors {
   double first = 0;
   double second = 0;
@@ -510,7 +518,8 @@ struct RoundFloors {
 
 constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placements& before,
                                                const Placements& after, const MeshCoord& coord,
-                                               const CostModel& cost, bool cut) {
+                                               const CostModel& cost, bool cut,
+                                               const GroupParts* own = nullptr) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
   const LinkCost inside = fastest_link(mesh, cost, dims), any = fastest_link(mesh, cost);
@@ -529,7 +538,7 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
           LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
     return out;
   }
-  const GroupParts parts = group_parts(base, before, after, dims, coord);
+  const GroupParts parts = own != nullptr ? *own : group_parts(base, before, after, dims, coord);
   for (int j = 0; j < parts.members; ++j) {
     const MeshCoord member = group_member(mesh, coord, dims, j);
     const Box part = parts.part(j);
@@ -552,12 +561,39 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
   return out;
 }
 
+// The floors of reducing_exchange_floors without `cut` for every rank: the largest of each
+// round's (together a floor under the step's time, the slowest first round then the slowest
+// second), and a rank whose second round's is the largest (the first in row-major order).
+struct SlowestFloors {
+  RoundFloors floors;
+  MeshCoord at;
+};
+
+constexpr SlowestFloors slowest_quick_floors(const Layout& base, const Placements& before,
+                                             const Placements& after, const CostModel& cost) {
+  const DeviceMesh& mesh = base.mesh();
+  SlowestFloors out{{-1, -1}, {}};
+  for (int i = 0; i < mesh.size(); ++i) {
+    const MeshCoord c = mesh.coordinate_at(i);
+    const RoundFloors f = reducing_exchange_floors(base, before, after, c, cost, false);
+    out.floors.first = f.first > out.floors.first ? f.first : out.floors.first;
+    if (f.second > out.floors.second) {
+      out.floors.second = f.second;
+      out.at = c;
+    }
+  }
+  return out;
+}
+
 // As reducing_exchange_cost, for every rank at once (each group's parts cut once), with the
 // step's time, the slowest rank's first round then the slowest's second, as every rank's. False
-// when the mesh has more than max_partial_exchange_ranks ranks.
+// when the mesh has more than max_partial_exchange_ranks ranks, and as soon as the step is
+// known to take more than `us_limit` or a rank to receive more than `recv_limit` elements (a
+// plan with it cannot win).
 constexpr bool reducing_exchange_costs(const Layout& base, const Placements& before,
                                        const Placements& after, const CostModel& cost,
-                                       RankExchangeCosts& out) {
+                                       RankExchangeCosts& out, double us_limit = 1e300,
+                                       std::int64_t recv_limit = INT64_MAX) {
   const DeviceMesh& mesh = base.mesh();
   const int ranks = mesh.size();
   if (ranks > max_partial_exchange_ranks) return false;
@@ -575,13 +611,20 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   }
   bool fixed[max_mesh_dims] = {};
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
+  // The slowest first round first, then the second rounds rank by rank against the limit.
   double first = 0, second = 0;
+  std::int64_t first_recv[max_partial_exchange_ranks] = {};
+  for (int i = 0; i < ranks; ++i) {
+    ExchangeCost mine;
+    first_round_receives(mesh, mesh.coordinate_at(i), dims, part[i].numel())
+        .price(base, cost, mine);
+    first = mine.us > first ? mine.us : first;
+    first_recv[i] = mine.recv;
+  }
   for (int i = 0; i < ranks; ++i) {
     const MeshCoord receiver = mesh.coordinate_at(i);
     ExchangeCost mine;
-    first_round_receives(mesh, receiver, dims, part[i].numel()).price(base, cost, mine);
-    first = mine.us > first ? mine.us : first;
-    mine.us = 0;
+    mine.recv = first_recv[i];
     ReceivesByLink deliver;
     const Box want = base.local_box(after, receiver);
     for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& owner) {
@@ -595,6 +638,7 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
     deliver.price(base, cost, mine);
     second = mine.us > second ? mine.us : second;
     out.recv[i] = mine.recv;
+    if (first + second > us_limit || mine.recv > recv_limit) return false;
   }
   for (int i = 0; i < ranks; ++i) out.us[i] = first + second;
   return true;
