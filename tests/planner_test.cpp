@@ -327,6 +327,51 @@ TEST_CASE("uneven pieces: padded or exact, counted honestly", "[planner]") {
   CHECK_FALSE(by_bytes[0].padded);
 }
 
+TEST_CASE("an exact step sends no empty message", "[planner]") {
+  // 1 row on 4 ranks: only rank 0 holds it, so each other rank receives one message, not 3.
+  const DeviceMesh m({4});
+  const Layout a = layout(m, "S(0)", {1, 8}), b = layout(m, "R", {1, 8});
+  const Plan gather = plan_redistribute(a, b, {.padding = Padding::never});
+  REQUIRE(kinds(gather) == std::vector{K::all_gather});
+  CHECK_FALSE(gather[0].padded);
+  const CostModel model = CostModel::defaults(m);
+  const LinkCost& link = model.dims[0];
+  CHECK(gather[0].est_us == Approx(link.time_us(model.p2p_latency_factor * 1, 8 * 4)));
+  // An all-to-all: each rank receives the non-empty pieces of dim 0 from the others (2 rows of
+  // 2 on 4 ranks: ranks 0 and 1 hold one each), where its own piece of dim 1 is not empty.
+  const Plan a2a = plan_redistribute(layout(m, "S(0)", {2, 8}), layout(m, "S(1)", {2, 8}),
+                                     {.padding = Padding::never});
+  REQUIRE(kinds(a2a) == std::vector{K::all_to_all});
+  CHECK(a2a[0].est_us == Approx(link.time_us(model.p2p_latency_factor * 2, 2 * 2 * 4)));
+  // The planner no longer prices such steps as g-1 messages: on 1,024 ranks S(1) -> S(2) of
+  // 64 x 64 x 1024 (64 ranks hold rows) is the all-to-all at the exchange's time, whatever the
+  // objective.
+  const DeviceMesh big({1024});
+  const Layout c = layout(big, "S(1)", {64, 64, 1024}), d = layout(big, "S(2)", {64, 64, 1024});
+  const Plan time = plan_redistribute(c, d);
+  for (const PlanOptions& o :
+       {PlanOptions{.objective = Objective::bytes}, PlanOptions{.memory = Memory::bounded}}) {
+    const Plan p = plan_redistribute(c, d, o);
+    CHECK(p.est_us() == Approx(time.est_us()));
+    CHECK(p.bytes_recv_max() == time.bytes_recv_max());
+  }
+}
+
+TEST_CASE("a plan at the bound in several steps does not stop the search for a faster one",
+          "[planner]") {
+  // 4x2, one i64 element: gathering it in two steps and chunking reaches the bound (8 B) in
+  // 6 us; one exchange moves the same 8 B in 4 us, and the time objective takes it.
+  const DeviceMesh m({4, 2});
+  const Layout a = layout(m, "S(0),S(0)", {1}, DType::i64),
+               b = layout(m, "R,S(0)", {1}, DType::i64);
+  const Plan p = plan_redistribute(a, b);
+  CHECK(kinds(p) == std::vector{K::exchange});
+  CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
+  const Plan chain = plan_redistribute(a, b, collectives_only);
+  CHECK(chain.bytes_recv_max() == p.bytes_recv_max());
+  CHECK(p.est_us() < chain.est_us());
+}
+
 TEST_CASE("the cost model decides and can be overridden", "[planner]") {
   const DeviceMesh m({2, 4});
   const CostModel defaults = CostModel::defaults(m);

@@ -90,9 +90,10 @@ constexpr int round_calls(const DeviceMesh& mesh, const BatchRound& key) {
 
 // What step `s` of `plan` costs the rank at `c` when it runs as point-to-point messages (in a
 // batch's exchange round): an exchange as planned; a gather, reduce-scatter or all-to-all with
-// exact pieces, one message to each other member of its group; an all-reduce sends its block to
-// every other member and reduces the g blocks itself ((g-1) blocks each way, where a ring moves
-// 2(g-1)/g). Messages pay the model's point-to-point latency.
+// exact pieces, one message from each other member of its group whose piece for it is not
+// empty; an all-reduce sends its block to every other member and reduces the g blocks itself
+// ((g-1) blocks each way, where a ring moves 2(g-1)/g). Messages pay the model's
+// point-to-point latency.
 constexpr RankStepCost point_to_point_cost(const Plan& plan, const Step& s, const MeshCoord& c,
                                            const CostModel& model) {
   const Layout& base = plan.src();
@@ -104,10 +105,12 @@ constexpr RankStepCost point_to_point_cost(const Plan& plan, const Step& s, cons
   if (s.kind == StepKind::all_reduce) {
     const std::int64_t block = bytes_mul(base.local_box(s.before, c).numel(), base.elem_bytes());
     out.bytes.recv = out.bytes.send = bytes_mul(g - 1, block);
+    out.exact_messages = block > 0 ? g - 1 : 0;
   } else {
-    out.bytes = rank_step_cost(base, s.before, s.after, s.kind, k, false, c, model).bytes;
+    out = rank_step_cost(base, s.before, s.after, s.kind, k, false, c, model);
   }
-  out.us = model.dims[k].time_us(model.p2p_latency_factor * (g - 1), double(out.bytes.recv));
+  out.us =
+      model.dims[k].time_us(model.p2p_latency_factor * out.exact_messages, double(out.bytes.recv));
   return out;
 }
 

@@ -1164,8 +1164,11 @@ constexpr std::int64_t partial_share_floor(const Layout& base, const Placements&
 }
 
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
-// make no Partial) followed by an exchange from `mid` to `end` (no Partial): every collective
-// costs every rank at least its messages' latency; the exchange costs the rank at `probe`, if it
+// make no Partial) followed by an exchange from `mid` to `end` (no Partial): every reduction
+// takes at least its messages' latency (of a tensor that is not empty, some member of a group
+// has a piece, and it receives g-1 messages even where the step is exact, and so for the
+// step's time, its slowest rank's; a gather's exact messages may be fewer, counted as none);
+// the exchange costs the rank at `probe`, if it
 // lacks elements of its block, at least one point-to-point message and those elements at the
 // fastest link's bandwidth. Lets try_exchanges skip candidates without costing them.
 constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& ts,
@@ -1174,11 +1177,14 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   const DeviceMesh& mesh = base.mesh();
   const double collective_factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
   double us = 0;
+  // An exact step sends no empty message: of an empty tensor, none at all.
+  for (const std::int64_t n : base.global_shape())
+    if (n == 0) return 0;
   for (const Transition& t : ts) {
     const int g = mesh.size(t.mesh_dim);
     if (g == 1) continue;
     const StepKind kind = step_kind(t.from, t.to);  // P(a) -> P(b): its all-reduce
-    if (!moves_data(kind)) continue;
+    if (kind != StepKind::all_reduce && kind != StepKind::reduce_scatter) continue;
     const double messages = (kind == StepKind::all_reduce ? 2.0 : 1.0) * (g - 1);
     us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
   }
@@ -1476,11 +1482,17 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       meets ? best.bytes_recv_max() : detail::bytes_mul(lb.elements, src.elem_bytes());
   // Candidates are first costed on the rank the bound says is busiest, where a loser loses.
   const MeshCoord& probe = lb.busiest;
-  // Whether the best plan so far moves more than the bound, breaks the memory bound, or is none:
-  // the searches below run only then.
+  // Whether the best plan so far moves more than the bound, breaks the memory bound, or is none.
   auto above_bound = [&] {
     return detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound ||
            !detail::plan_builder::fits(best);
+  };
+  // The searches below run only then, or, under the time objective, while the best plan
+  // reaches the bound in several communication steps (one exchange, or fewer steps, may pay
+  // fewer latencies).
+  auto keep_searching = [&] {
+    return above_bound() ||
+           (options.objective == Objective::time && best.communication_steps() >= 2);
   };
   // The kept Partials' count costs more: only when the first plan does not reach the bound
   // (where it does, the count cannot exceed it).
@@ -1508,7 +1520,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     consider(ordered);
     consider_all_to_all(ordered);
   };
-  if (above_bound()) {
+  if (keep_searching()) {
     const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
     if (!(ordered == greedy)) consider_order(ordered);
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
@@ -1528,30 +1540,30 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   for (int i = 0; i < partials; ++i) {
     const int k = partial_dims[i];
     for (int d = 0; d < src.tensor_ndim(); ++d) {
-      if (!above_bound()) break;
+      if (!keep_searching()) break;
       const detail::Transitions scattered = detail::scatter_target_partial(a, b, k, d);
       consider_order(detail::cheapest_order(src, scattered, options));
       // Where the shard on mesh dim k must go back through Replicate in between (another mesh
       // dim's shard nests before it in the target), making the Partial earlier may spare that.
       int on_k = 0;
       for (const detail::Transition& t : scattered) on_k += t.mesh_dim == k ? 1 : 0;
-      if (on_k > 2 && above_bound())
+      if (on_k > 2 && keep_searching())
         consider_order(
             detail::cheapest_order(src, detail::shard_then_make_partial(a, b, k, d), options));
     }
   }
   // Several of them: all at once, over every choice of their tensor dims (at most 16 choices).
-  if (partials >= 2 && above_bound())
+  if (partials >= 2 && keep_searching())
     detail::for_each_dim_choice(partials, src.tensor_ndim(), [&](const int* dims) {
       consider_order(detail::cheapest_order(
           src, detail::scatter_target_partials(a, b, partial_dims, dims, partials), options));
-      return above_bound();
+      return keep_searching();
     });
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
-  if (options.allow_exchange && !(a == b) && above_bound())
+  if (options.allow_exchange && !(a == b) && keep_searching())
     detail::try_exchanges(src, dst, options, probe, best, exchange_from_partial);
-  if (above_bound()) {
+  if (keep_searching()) {
     // Several reductions to Replicate: reduce-scatter them all, gather back at the end, over
     // every choice of the scattered tensor dims (at most 16 choices).
     int reductions = 0, collectives = 0;

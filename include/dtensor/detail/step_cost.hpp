@@ -16,6 +16,9 @@ namespace dtensor::detail {
 struct RankStepCost {
   RankBytes bytes;
   double us = 0;
+  // A gather, reduce-scatter or all-to-all costed without padding: the messages the rank
+  // receives when it runs as point-to-point messages (one per non-empty piece of another member).
+  int exact_messages = 0;
 };
 
 constexpr std::int64_t max_of(std::int64_t a, std::int64_t b) noexcept { return a > b ? a : b; }
@@ -228,6 +231,14 @@ constexpr std::int64_t overlap_over(const Layout& base, const Placements& ps,
         overlap_over(base, ps, coord, vary, next + 1, d, {range.start + r.start, r.size}, have);
   }
   return total;
+}
+
+// The non-empty pieces of n elements cut into g under `policy`.
+constexpr int nonempty_pieces(std::int64_t n, int g, ChunkPolicy policy) noexcept {
+  if (n <= 0) return 0;
+  if (policy == ChunkPolicy::balanced) return n < g ? static_cast<int>(n) : g;
+  const std::int64_t piece = (n + g - 1) / g;
+  return static_cast<int>((n + piece - 1) / piece);
 }
 
 struct ExchangeCost {
@@ -681,6 +692,9 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   };
   std::int64_t recv = 0, send = 0;
   double messages = g - 1;
+  // Exact (unpadded uneven) steps run as point-to-point messages, none where a piece is empty:
+  // the rank receives only the non-empty pieces of the others.
+  int exact_messages = 0;
   bool uneven = false;
   switch (kind) {
     case StepKind::all_gather: {
@@ -693,6 +707,9 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
         const std::int64_t own_before = mine_before.numel();
         recv = mine_after.numel() - own_before;
         send = bytes_mul(g - 1, own_before);
+        if (mine_after.numel() > 0)
+          exact_messages =
+              nonempty_pieces(n, g, base.policy()) - (mine_before.shape[i] > 0 ? 1 : 0);
       }
       break;
     }
@@ -706,6 +723,7 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
         const std::int64_t own_after = mine_after.numel();
         recv = bytes_mul(g - 1, own_after);
         send = mine_before.numel() - own_after;
+        exact_messages = own_after > 0 ? g - 1 : 0;
       }
       break;
     }
@@ -727,13 +745,20 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
         const std::int64_t kept = overlap_numel(mine_before, mine_after);
         recv = mine_after.numel() - kept;
         send = mine_before.numel() - kept;
+        // From each member, its piece of dim i times this rank's piece of dim j.
+        if (mine_after.numel() > 0)
+          exact_messages =
+              nonempty_pieces(ni, g, base.policy()) - (mine_before.shape[i] > 0 ? 1 : 0);
       }
       break;
     }
     default: break;
   }
   out.bytes = {bytes_mul(send, elem), bytes_mul(recv, elem)};
-  const double latency = !padded && uneven ? cost.p2p_latency_factor : 1.0;
+  out.exact_messages = static_cast<int>(exact_messages);
+  const bool exact = !padded && uneven;
+  if (exact) messages = exact_messages;
+  const double latency = exact ? cost.p2p_latency_factor : 1.0;
   out.us = cost.dims[k].time_us(messages * latency, double(out.bytes.recv));
   return out;
 }
