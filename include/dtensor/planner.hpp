@@ -1482,17 +1482,11 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       meets ? best.bytes_recv_max() : detail::bytes_mul(lb.elements, src.elem_bytes());
   // Candidates are first costed on the rank the bound says is busiest, where a loser loses.
   const MeshCoord& probe = lb.busiest;
-  // Whether the best plan so far moves more than the bound, breaks the memory bound, or is none.
+  // Whether the best plan so far moves more than the bound, breaks the memory bound, or is none:
+  // the searches below run only then.
   auto above_bound = [&] {
     return detail::plan_builder::pruned(best) || best.bytes_recv_max() > bound ||
            !detail::plan_builder::fits(best);
-  };
-  // The searches below run only then, or, under the time objective, while the best plan
-  // reaches the bound in several communication steps (one exchange, or fewer steps, may pay
-  // fewer latencies).
-  auto keep_searching = [&] {
-    return above_bound() ||
-           (options.objective == Objective::time && best.communication_steps() >= 2);
   };
   // The kept Partials' count costs more: only when the first plan does not reach the bound
   // (where it does, the count cannot exceed it).
@@ -1520,7 +1514,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     consider(ordered);
     consider_all_to_all(ordered);
   };
-  if (keep_searching()) {
+  if (above_bound()) {
     const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
     if (!(ordered == greedy)) consider_order(ordered);
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
@@ -1540,30 +1534,30 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   for (int i = 0; i < partials; ++i) {
     const int k = partial_dims[i];
     for (int d = 0; d < src.tensor_ndim(); ++d) {
-      if (!keep_searching()) break;
+      if (!above_bound()) break;
       const detail::Transitions scattered = detail::scatter_target_partial(a, b, k, d);
       consider_order(detail::cheapest_order(src, scattered, options));
       // Where the shard on mesh dim k must go back through Replicate in between (another mesh
       // dim's shard nests before it in the target), making the Partial earlier may spare that.
       int on_k = 0;
       for (const detail::Transition& t : scattered) on_k += t.mesh_dim == k ? 1 : 0;
-      if (on_k > 2 && keep_searching())
+      if (on_k > 2 && above_bound())
         consider_order(
             detail::cheapest_order(src, detail::shard_then_make_partial(a, b, k, d), options));
     }
   }
   // Several of them: all at once, over every choice of their tensor dims (at most 16 choices).
-  if (partials >= 2 && keep_searching())
+  if (partials >= 2 && above_bound())
     detail::for_each_dim_choice(partials, src.tensor_ndim(), [&](const int* dims) {
       consider_order(detail::cheapest_order(
           src, detail::scatter_target_partials(a, b, partial_dims, dims, partials), options));
-      return keep_searching();
+      return above_bound();
     });
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
-  if (options.allow_exchange && !(a == b) && keep_searching())
+  if (options.allow_exchange && !(a == b) && above_bound())
     detail::try_exchanges(src, dst, options, probe, best, exchange_from_partial);
-  if (keep_searching()) {
+  if (above_bound()) {
     // Several reductions to Replicate: reduce-scatter them all, gather back at the end, over
     // every choice of the scattered tensor dims (at most 16 choices).
     int reductions = 0, collectives = 0;
