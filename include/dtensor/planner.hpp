@@ -1178,8 +1178,7 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   const double collective_factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
   double us = 0;
   // An exact step sends no empty message: of an empty tensor, none at all.
-  for (const std::int64_t n : base.global_shape())
-    if (n == 0) return 0;
+  if (base.global_numel() == 0) return 0;
   for (const Transition& t : ts) {
     const int g = mesh.size(t.mesh_dim);
     if (g == 1) continue;

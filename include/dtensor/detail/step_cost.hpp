@@ -695,6 +695,12 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   // Exact (unpadded uneven) steps run as point-to-point messages, none where a piece is empty:
   // the rank receives only the non-empty pieces of the others.
   int exact_messages = 0;
+  // A gather's or all-to-all's: the other members' non-empty pieces of the n elements of tensor
+  // dim d it gathers (none where the rank's own block after the step is empty).
+  auto pieces_from_others = [&](std::int64_t n, int d) {
+    if (mine_after.numel() == 0) return 0;
+    return nonempty_pieces(n, g, base.policy()) - (mine_before.shape[d] > 0 ? 1 : 0);
+  };
   bool uneven = false;
   switch (kind) {
     case StepKind::all_gather: {
@@ -707,9 +713,7 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
         const std::int64_t own_before = mine_before.numel();
         recv = mine_after.numel() - own_before;
         send = bytes_mul(g - 1, own_before);
-        if (mine_after.numel() > 0)
-          exact_messages =
-              nonempty_pieces(n, g, base.policy()) - (mine_before.shape[i] > 0 ? 1 : 0);
+        exact_messages = pieces_from_others(n, i);
       }
       break;
     }
@@ -746,16 +750,14 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
         recv = mine_after.numel() - kept;
         send = mine_before.numel() - kept;
         // From each member, its piece of dim i times this rank's piece of dim j.
-        if (mine_after.numel() > 0)
-          exact_messages =
-              nonempty_pieces(ni, g, base.policy()) - (mine_before.shape[i] > 0 ? 1 : 0);
+        exact_messages = pieces_from_others(ni, i);
       }
       break;
     }
     default: break;
   }
   out.bytes = {bytes_mul(send, elem), bytes_mul(recv, elem)};
-  out.exact_messages = static_cast<int>(exact_messages);
+  out.exact_messages = exact_messages;
   const bool exact = !padded && uneven;
   if (exact) messages = exact_messages;
   const double latency = exact ? cost.p2p_latency_factor : 1.0;
