@@ -508,6 +508,65 @@ TEST_CASE("the floor that skips exchange candidates is below every exchange plan
   CHECK(exchanges > 100);
 }
 
+TEST_CASE("the latency floor that skips candidates is below the time of each of their plans",
+          "[planner][bound]") {
+  // Under the time objective the planner neither orders nor builds transitions whose messages'
+  // latency alone (latency_floor_us) exceeds the best plan's time: the floor must never exceed
+  // the time of a plan of those transitions in any order, padded or exact, with gathers merged
+  // into all-to-alls. Checked on the planner's candidate families for every pair, on even shapes
+  // (gathers count) and uneven ones (only reductions count), with expensive and cheap messages.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
+                               Partial(ReduceOp::max)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  const Shape shapes[] = {{16, 8}, {5, 7}, {1, 3}};
+  int plans = 0, positive = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      for (double p2p : {2.0, 0.5})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Layout src(m, a, shape), dst(m, b, shape);
+          CostModel model = CostModel::defaults(m);
+          model.p2p_latency_factor = p2p;
+          PlanOptions o;
+          o = o.with_cost_model(model);
+          const detail::Transitions greedy =
+              detail::reductions_first(a, detail::greedy_transitions(a, b));
+          std::vector<detail::Transitions> families = {greedy,
+                                                       detail::split_reduce_scatters(greedy)};
+          if (detail::mixed_partials(a, b)) families.push_back(detail::reduce_all_first(a, b));
+          for (int d = 0; d < src.tensor_ndim(); ++d) {
+            const int dims[max_mesh_dims] = {d, d, d, d, d, d, d, d};
+            families.push_back(detail::scatter_reductions(greedy, dims));
+          }
+          for (int k = 0; k < m.ndim(); ++k)
+            for (int d = 0; d < src.tensor_ndim(); ++d)
+              if ((a[k].is_partial() || a[k].is_replicate()) && b[k].is_partial()) {
+                families.push_back(detail::scatter_target_partial(a, b, k, d));
+                families.push_back(detail::shard_then_make_partial(a, b, k, d));
+              }
+          for (const detail::Transitions& ts : families) {
+            const double floor = detail::latency_floor_us(src, ts, model);
+            positive += floor > 0 ? 1 : 0;
+            for (const Padding padding : {Padding::automatic, Padding::always, Padding::never}) {
+              o.padding = padding;
+              for (const detail::Transitions& order :
+                   {ts, detail::cheapest_order(src, ts, o), detail::with_all_to_all(a, ts)}) {
+                const Plan plan = detail::plan_builder::build(src, dst, order, o);
+                if (detail::plan_builder::pruned(plan)) continue;
+                if (floor > plan.est_us() + 1e-9)
+                  FAIL_CHECK(fmt::format("{} {} -> {} on {}: floor {} us, plan {} us ({} steps)",
+                                         shape, a, b, m.shape(), floor, plan.est_us(),
+                                         plan.size()));
+                ++plans;
+              }
+            }
+          }
+        });
+  CHECK(plans > 10000);
+  CHECK(positive > 1000);
+}
+
 TEST_CASE("the lower bound's fast path without Partial equals the general rule",
           "[planner][bound]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};

@@ -548,9 +548,12 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
     have[k] = want[k] = Placement::replicate();
   }
   if (classes == 1 || nd == 0) return 0;
-  // The blocks of one class's ranks.
+  // The blocks of one class's ranks, as [lo, hi) per tensor dim: block[0] the source's, block[1]
+  // the target's. Only the first `members` entries are used, each written before it is read: not
+  // cleared (nor are `cuts` below).
   constexpr int max_members = 32;
-  Box source[max_members], target[max_members];
+  // NOLINTNEXTLINE(cppcoreguidelines-init-variables): see above
+  std::int64_t lo[2][max_members][max_tensor_dims], hi[2][max_members][max_tensor_dims];
   int members = 0;
   bool too_many = false;
   for_each_coord_while(mesh, MeshCoord(static_cast<std::size_t>(n), 0), kept,
@@ -559,8 +562,13 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
                            too_many = true;
                            return false;
                          }
-                         source[members] = src.local_box(have, c);
-                         target[members] = src.local_box(want, c);
+                         for (int side = 0; side < 2; ++side) {
+                           const Box box = src.local_box(side == 0 ? have : want, c);
+                           for (int d = 0; d < nd; ++d) {
+                             lo[side][members][d] = box.offset[d];
+                             hi[side][members][d] = box.offset[d] + box.shape[d];
+                           }
+                         }
                          ++members;
                          return true;
                        });
@@ -568,7 +576,7 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
   // Per tensor dim, every block boundary, sorted: the cells between them are inside or outside
   // each block.
   constexpr int max_cuts = 4 * max_members + 2;
-  std::int64_t cuts[max_tensor_dims][max_cuts] = {};
+  std::int64_t cuts[max_tensor_dims][max_cuts];  // NOLINT(cppcoreguidelines-init-variables)
   int num_cuts[max_tensor_dims] = {};
   for (int d = 0; d < nd; ++d) {
     std::int64_t* at = cuts[d];
@@ -581,9 +589,9 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
     add(0);
     add(src.global_shape()[d]);
     for (int i = 0; i < members; ++i)
-      for (const Box* b : {&source[i], &target[i]}) {
-        add(b->offset[d]);
-        add(b->offset[d] + b->shape[d]);
+      for (int side = 0; side < 2; ++side) {
+        add(lo[side][i][d]);
+        add(hi[side][i][d]);
       }
   }
   std::int64_t cells = 1;
@@ -597,15 +605,15 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
     if (numel > 0) {
       std::int64_t holders = 0, lacking = 0;
       // A cell lies inside a block or outside it: its first element says which.
-      auto holds = [&](const Box& box) {
+      auto holds = [&](int side, int i) {
         for (int d = 0; d < nd; ++d) {
           const std::int64_t x = cuts[d][cell[d]];
-          if (x < box.offset[d] || x >= box.offset[d] + box.shape[d]) return false;
+          if (x < lo[side][i][d] || x >= hi[side][i][d]) return false;
         }
         return true;
       };
       for (int i = 0; i < members; ++i)
-        if (holds(target[i])) (holds(source[i]) ? holders : lacking) += 1;
+        if (holds(1, i)) (holds(0, i) ? holders : lacking) += 1;
       if (lacking > 0) {
         const std::int64_t own = classes * lacking;
         const std::int64_t mixed = classes - 1 + holders + lacking - (holders > 0 ? 1 : 0);
@@ -1163,30 +1171,50 @@ constexpr std::int64_t partial_share_floor(const Layout& base, const Placements&
   return (block.numel() - union_numel(base, mid, coord, fixed, block)) / group;
 }
 
+// A floor under the time of any plan whose steps include the transitions `ts`, in any order
+// and with gathers merged into all-to-alls, from the latency of their messages. Of a tensor that
+// is not empty some member of a group has a piece, and it receives g-1 messages in a reduction
+// (all-reduce twice; a Partial's change of op is one) even where the step is exact (a
+// point-to-point round), so the step's time, its slowest rank's, is at least that. A gather's or
+// all-to-all's exact messages may be fewer (one per non-empty piece): they count only where every
+// tensor dim splits evenly into as many pieces as the mesh has ranks, so that every piece of every
+// block is non-empty in any order.
+constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
+                                  const CostModel& model) {
+  if (base.global_numel() == 0) return 0;
+  const DeviceMesh& mesh = base.mesh();
+  const double collective_factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
+  bool gathers_count = true;
+  for (const std::int64_t n : base.global_shape())
+    gathers_count = gathers_count && n % mesh.size() == 0;
+  double us = 0;
+  for (const Transition& t : ts) {
+    const int g = mesh.size(t.mesh_dim);
+    if (g == 1) continue;
+    const StepKind kind = step_kind(t.from, t.to);  // P(a) -> P(b): its all-reduce
+    double messages = 0;
+    if (kind == StepKind::all_reduce)
+      messages = 2.0 * (g - 1);
+    else if (kind == StepKind::reduce_scatter ||
+             (gathers_count && (kind == StepKind::all_gather || kind == StepKind::all_to_all)))
+      messages = g - 1;
+    us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
+  }
+  return us;
+}
+
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
-// make no Partial) followed by an exchange from `mid` to `end` (no Partial): every reduction
-// takes at least its messages' latency (of a tensor that is not empty, some member of a group
-// has a piece, and it receives g-1 messages even where the step is exact, and so for the
-// step's time, its slowest rank's; a gather's exact messages may be fewer, counted as none);
-// the exchange costs the rank at `probe`, if it
+// make no Partial) followed by an exchange from `mid` to `end` (no Partial): the reductions'
+// floor (latency_floor_us) of the transitions, and the exchange costs the rank at `probe`, if it
 // lacks elements of its block, at least one point-to-point message and those elements at the
 // fastest link's bandwidth. Lets try_exchanges skip candidates without costing them.
 constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& ts,
                                         const Placements& mid, const Placements& end,
                                         const MeshCoord& probe, const CostModel& model) {
   const DeviceMesh& mesh = base.mesh();
-  const double collective_factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
-  double us = 0;
   // An exact step sends no empty message: of an empty tensor, none at all.
   if (base.global_numel() == 0) return 0;
-  for (const Transition& t : ts) {
-    const int g = mesh.size(t.mesh_dim);
-    if (g == 1) continue;
-    const StepKind kind = step_kind(t.from, t.to);  // P(a) -> P(b): its all-reduce
-    if (kind != StepKind::all_reduce && kind != StepKind::reduce_scatter) continue;
-    const double messages = (kind == StepKind::all_reduce ? 2.0 : 1.0) * (g - 1);
-    us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
-  }
+  double us = latency_floor_us(base, ts, model);
   const std::int64_t missing = makes_partial(mid, end) ? partial_share_floor(base, mid, end, probe)
                                                        : missing_elements(base, mid, end, probe);
   if (missing > 0) {
@@ -1494,8 +1522,18 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
         detail::bytes_mul(detail::kept_partial_elements(src, dst), src.elem_bytes());
     bound = kept > bound ? kept : bound;
   }
+  // Under the time objective, transitions whose messages' latency alone takes longer than the
+  // best plan so far make no better plan, in any order (latency_floor_us): neither built nor
+  // ordered.
+  auto latency_loses = [&](const detail::Transitions& ts) {
+    return options.objective == Objective::time &&
+           detail::plan_builder::incumbent(best) != nullptr &&
+           detail::latency_floor_us(src, ts, options.cost_model) >
+               detail::plan_builder::time_to_beat(best);
+  };
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
+    if (latency_loses(ts)) return;
     const Plan p = detail::plan_builder::build(src, dst, ts, options,
                                                detail::plan_builder::incumbent(best), &probe);
     if (detail::better(p, best, options.objective)) best = p;
@@ -1513,11 +1551,15 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     consider(ordered);
     consider_all_to_all(ordered);
   };
+  // The same for transitions not yet ordered: their cheapest order, unless they cannot win.
+  auto consider_cheapest_order = [&](const detail::Transitions& ts) {
+    if (!latency_loses(ts)) consider_order(detail::cheapest_order(src, ts, options));
+  };
   if (above_bound()) {
     const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
     if (!(ordered == greedy)) consider_order(ordered);
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
-    if (split.size() != greedy.size()) consider_order(detail::cheapest_order(src, split, options));
+    if (split.size() != greedy.size()) consider_cheapest_order(split);
   }
   if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
   consider_all_to_all(greedy);
@@ -1535,21 +1577,19 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     for (int d = 0; d < src.tensor_ndim(); ++d) {
       if (!above_bound()) break;
       const detail::Transitions scattered = detail::scatter_target_partial(a, b, k, d);
-      consider_order(detail::cheapest_order(src, scattered, options));
+      consider_cheapest_order(scattered);
       // Where the shard on mesh dim k must go back through Replicate in between (another mesh
       // dim's shard nests before it in the target), making the Partial earlier may spare that.
       int on_k = 0;
       for (const detail::Transition& t : scattered) on_k += t.mesh_dim == k ? 1 : 0;
       if (on_k > 2 && above_bound())
-        consider_order(
-            detail::cheapest_order(src, detail::shard_then_make_partial(a, b, k, d), options));
+        consider_cheapest_order(detail::shard_then_make_partial(a, b, k, d));
     }
   }
   // Several of them: all at once, over every choice of their tensor dims (at most 16 choices).
   if (partials >= 2 && above_bound())
     detail::for_each_dim_choice(partials, src.tensor_ndim(), [&](const int* dims) {
-      consider_order(detail::cheapest_order(
-          src, detail::scatter_target_partials(a, b, partial_dims, dims, partials), options));
+      consider_cheapest_order(detail::scatter_target_partials(a, b, partial_dims, dims, partials));
       return above_bound();
     });
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
@@ -1570,8 +1610,10 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
         // The order search for several reductions (their scattered blocks nest); one is
         // reduce-scattered in place and gathered last.
         const detail::Transitions scattered = detail::scatter_reductions(greedy, dims);
-        consider_order(reductions >= 2 ? detail::cheapest_order(src, scattered, options)
-                                       : scattered);
+        if (reductions >= 2)
+          consider_cheapest_order(scattered);
+        else
+          consider_order(scattered);
         return true;
       });
   }
