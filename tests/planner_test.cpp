@@ -508,6 +508,45 @@ TEST_CASE("the floor that skips exchange candidates is below every exchange plan
   CHECK(exchanges > 100);
 }
 
+TEST_CASE("the floors that skip an exchange from a Partial are below its time",
+          "[planner][bound]") {
+  // try_exchanges skips the exchange from a Partial when its first round's floor plus the larger
+  // of a rank's second-round floor and what its group's targets share (shared_targets_floor)
+  // exceeds the best plan's time: checked against the one-step plan's time from every rank.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
+                               Partial(ReduceOp::max)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4})};
+  int checked = 0, shared_positive = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : {Shape{16, 8}, Shape{5, 7}, Shape{1, 3}})
+      for (double p2p : {2.0, 0.5})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          if (!detail::exchange_reduces(a, b)) return;
+          const Layout src(m, a, shape), dst(m, b, shape);
+          CostModel model = CostModel::defaults(m);
+          model.p2p_latency_factor = p2p;
+          const Placements end = b;
+          const Plan plan = detail::plan_builder::build(src, dst, {}, &end, {},
+                                                        PlanOptions{}.with_cost_model(model));
+          if (detail::plan_builder::pruned(plan)) return;
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            const double shared = detail::shared_targets_floor(src, a, b, c, model);
+            const detail::RoundFloors quick =
+                detail::reducing_exchange_floors(src, a, b, c, model, false);
+            shared_positive += shared > 0 ? 1 : 0;
+            if (quick.first + std::max(quick.second, shared) > plan.est_us() + 1e-9)
+              FAIL_CHECK(fmt::format(
+                  "{} {} -> {} on {}, rank {}: floors {} + max({}, {}) us, "
+                  "plan {} us",
+                  shape, a, b, m.shape(), r, quick.first, quick.second, shared, plan.est_us()));
+            ++checked;
+          }
+        });
+  CHECK(checked > 1000);
+  CHECK(shared_positive > 100);
+}
+
 TEST_CASE("the latency floor that skips candidates is below the time of each of their plans",
           "[planner][bound]") {
   // Under the time objective the planner neither orders nor builds transitions whose messages'

@@ -634,10 +634,13 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
 // of the target block of the rank at `coord` its source block lacks, from the ranges each
 // side's shards cut along every tensor dim (nested outermost first, as Layout::local_box).
 // The placements `from` and `to` are of `base`'s tensor and mesh.
+// With `sources`, also the number of blocks of `from` other than the rank's own that hold some
+// of its target block (the blocks of a layout tile the tensor, or each class of a Partial's).
 constexpr std::int64_t missing_elements(const Layout& base, const Placements& from,
-                                        const Placements& to, const MeshCoord& coord) {
+                                        const Placements& to, const MeshCoord& coord,
+                                        std::int64_t* sources = nullptr) {
   const DeviceMesh& mesh = base.mesh();
-  std::int64_t want = 1, kept = 1;
+  std::int64_t want = 1, kept = 1, blocks = 1;
   for (int d = 0; d < base.tensor_ndim(); ++d) {
     Range s{0, base.global_shape()[d]}, t = s;
     for (int k = 0; k < mesh.ndim(); ++k) {
@@ -655,7 +658,10 @@ constexpr std::int64_t missing_elements(const Layout& base, const Placements& fr
         s.start + s.size < t.start + t.size ? s.start + s.size : t.start + t.size;
     want *= t.size;
     kept *= hi > lo ? hi - lo : 0;
+    if (sources != nullptr)
+      blocks *= pieces_overlapping(base, from, 0, d, {0, base.global_shape()[d]}, t);
   }
+  if (sources != nullptr) *sources = blocks - (kept > 0 ? 1 : 0);
   return want - kept;
 }
 
@@ -1206,8 +1212,11 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
 // make no Partial) followed by an exchange from `mid` to `end` (no Partial): the reductions'
 // floor (latency_floor_us) of the transitions, and the exchange costs the rank at `probe`, if it
-// lacks elements of its block, at least one point-to-point message and those elements at the
-// fastest link's bandwidth. Lets try_exchanges skip candidates without costing them.
+// lacks elements of its block, those elements at the fastest link's bandwidth and at least one
+// point-to-point message, or into no Partial, one from each block of `mid` other than its own that
+// holds some of them (the blocks tile the tensor, or each class of a kept Partial's ranks: the
+// elements of one come from a rank that holds it, in a message of its own). Lets try_exchanges
+// skip candidates without costing them.
 constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& ts,
                                         const Placements& mid, const Placements& end,
                                         const MeshCoord& probe, const CostModel& model) {
@@ -1215,12 +1224,14 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   // An exact step sends no empty message: of an empty tensor, none at all.
   if (base.global_numel() == 0) return 0;
   double us = latency_floor_us(base, ts, model);
-  const std::int64_t missing = makes_partial(mid, end) ? partial_share_floor(base, mid, end, probe)
-                                                       : missing_elements(base, mid, end, probe);
+  std::int64_t messages = 1;
+  const std::int64_t missing = makes_partial(mid, end)
+                                   ? partial_share_floor(base, mid, end, probe)
+                                   : missing_elements(base, mid, end, probe, &messages);
   if (missing > 0) {
     const LinkCost fastest = fastest_link(mesh, model);
     us += LinkCost{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs}.time_us(
-        1, double(missing) * double(base.elem_bytes()));
+        double(messages), double(missing) * double(base.elem_bytes()));
   }
   return us;
 }
@@ -1355,7 +1366,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       }
     const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
     // Under the time objective, the floors that do not cut a block must pass, the probe's then
-    // every rank's (their slowest rounds); then, on the rank that lacks the most outside its
+    // every rank's (their slowest rounds; the second at least what the probe's group's targets
+    // share, shared_targets_floor); then, on the rank that lacks the most outside its
     // group's block (the probe where the bound says which is busiest, often not here), those of
     // its group's rounds, then its own second round exactly.
     const bool timed =
@@ -1366,17 +1378,20 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       if (timed) {
         const double beat = plan_builder::time_to_beat(best);
         const CostModel& model = options.cost_model;
+        const double shared = shared_targets_floor(src, from, b, probe, model);
+        auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
         const RoundFloors quick = reducing_exchange_floors(src, from, b, probe, model, false);
-        if (quick.first + quick.second > beat) continue;
+        if (quick.first + at_least_shared(quick.second) > beat) continue;
         const SlowestFloors slowest = slowest_quick_floors(src, from, b, model);
-        if (slowest.floors.first + slowest.floors.second > beat) continue;
+        if (slowest.floors.first + at_least_shared(slowest.floors.second) > beat) continue;
         const MeshCoord& at = slowest.floors.second > quick.second ? slowest.at : probe;
         const GroupParts parts = group_parts(src, from, b, reduced_partials(from, b).dims, at);
         const RoundFloors floors = reducing_exchange_floors(src, from, b, at, model, true, &parts);
-        if (floors.first + floors.second > beat) continue;
+        if (floors.first + at_least_shared(floors.second) > beat) continue;
         const ExchangeCost e = reducing_exchange_cost(src, from, b, at, model, false, &parts);
         const double second = e.us - e.first_round_us;
-        if (floors.first + (second > floors.second ? second : floors.second) > beat) continue;
+        if (floors.first + at_least_shared(second > floors.second ? second : floors.second) > beat)
+          continue;
       }
       const Plan p = plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {},
                                          options, plan_builder::incumbent(best), &probe);
@@ -1614,7 +1629,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
           consider_cheapest_order(scattered);
         else
           consider_order(scattered);
-        return true;
+        return above_bound();
       });
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();

@@ -572,6 +572,27 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
   return out;
 }
 
+// A floor under the slowest second round of an exchange from a Partial, from the targets of the
+// group of `coord` without cutting its block: each element of the block is owned by one member,
+// so of the t members whose target blocks hold it, t - 1 at least lack it, and some member lacks
+// at least the targets' excess over the block (their sum inside it less its size) over g, in one
+// message at least, at best over the fastest link.
+constexpr double shared_targets_floor(const Layout& base, const Placements& before,
+                                      const Placements& after, const MeshCoord& coord,
+                                      const CostModel& cost) {
+  const DeviceMesh& mesh = base.mesh();
+  const unsigned dims = reduced_partials(before, after).dims;
+  const int g = group_size(mesh, dims);
+  const Box block = base.local_box(before, coord);
+  std::int64_t excess = -block.numel();
+  for (int j = 0; j < g; ++j)
+    excess += overlap_numel(base.local_box(after, group_member(mesh, coord, dims, j)), block);
+  if (excess <= 0) return 0;
+  const LinkCost any = fastest_link(mesh, cost);
+  return LinkCost{any.latency_us * cost.p2p_latency_factor, any.bandwidth_gbs}.time_us(
+      1, double((excess + g - 1) / g) * double(base.elem_bytes()));
+}
+
 // The floors of reducing_exchange_floors without `cut` for every rank: the largest of each
 // round's (together a floor under the step's time, the slowest first round then the slowest
 // second), and a rank whose second round's is the largest (the first in row-major order).
