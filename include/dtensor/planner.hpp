@@ -1132,18 +1132,42 @@ struct plan_builder {
   // between layouts without Partial (each rank receives exactly what its source block lacks of
   // its target block: the group's source blocks tile what its target blocks cover). A plan
   // that is no plan or breaks the memory bound does not.
-  static constexpr bool meets_bound(const Plan& plan) noexcept {
+  // Or it is one unpadded all-reduce or reduce-scatter of the source's only Partial into a target
+  // without Partial, every other mesh dim of more than one rank a shard (so that each group
+  // reduces a block no other holds), between even layouts, of a block that splits evenly into
+  // the group's pieces: every rank receives the reduction bound, (g-1)/g of the block to merge
+  // each element and, for the all-reduce, as much again to spread it.
+  static constexpr bool meets_bound(const Plan& plan) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
-    if (has_partial(plan.src_.placements()) || has_partial(plan.dst_.placements())) return false;
-    int moving = 0;
+    const Placements& a = plan.src_.placements();
+    int moving = 0, partials = 0;
+    const Step* reduction = nullptr;
+    for (const Placement& p : a) partials += p.is_partial() ? 1 : 0;
+    if (has_partial(plan.dst_.placements()) || partials > 1) return false;
     for (const Step& s : plan.steps_) {
       if (s.kind == StepKind::identity) continue;
-      if (s.padded || (s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all))
+      if (s.padded) return false;
+      if (s.kind == StepKind::all_reduce || s.kind == StepKind::reduce_scatter)
+        reduction = &s;
+      else if (partials > 0 || (s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all))
         return false;
       ++moving;
     }
-    return moving == 1;
+    if (moving != 1) return false;
+    if (reduction == nullptr) return partials == 0;
+    const Layout& base = plan.src_;
+    const int k = reduction->mesh_dim, g = base.mesh().size(k);
+    // A Replicate mesh dim beside it would let its replicas split the reduction.
+    for (int j = 0; j < base.mesh().ndim(); ++j)
+      if (j != k && !a[j].is_shard() && base.mesh().size(j) > 1) return false;
+    return a[k].is_partial() && is_even(base, reduction->before) &&
+           is_even(base, reduction->after) &&
+           base.local_box(reduction->before,
+                          MeshCoord(static_cast<std::size_t>(base.mesh().ndim()), 0))
+                       .numel() %
+                   g ==
+               0;
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
