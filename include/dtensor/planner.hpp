@@ -435,6 +435,34 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
   return bound;
 }
 
+// The ranges of tensor dim d that the rank at `coord` holds under `from` and under `to`, cut as
+// Layout::local_box cuts (nested in mesh order), and how many elements they share.
+struct HeldRanges {
+  Range from, to;
+  [[nodiscard]] constexpr std::int64_t shared() const noexcept {
+    const std::int64_t lo = from.start > to.start ? from.start : to.start;
+    const std::int64_t hi_from = from.start + from.size, hi_to = to.start + to.size;
+    const std::int64_t hi = hi_from < hi_to ? hi_from : hi_to;
+    return hi > lo ? hi - lo : 0;
+  }
+};
+constexpr HeldRanges held_ranges(const Layout& base, const Placements& from, const Placements& to,
+                                 const MeshCoord& coord, int d) {
+  const DeviceMesh& mesh = base.mesh();
+  HeldRanges r{{0, base.global_shape()[d]}, {0, base.global_shape()[d]}};
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    if (from[k].is_shard(d)) {
+      const Range c = chunk_range(r.from.size, mesh.size(k), coord[k], base.policy());
+      r.from = {r.from.start + c.start, c.size};
+    }
+    if (to[k].is_shard(d)) {
+      const Range c = chunk_range(r.to.size, mesh.size(k), coord[k], base.policy());
+      r.to = {r.to.start + c.start, c.size};
+    }
+  }
+  return r;
+}
+
 // The elements some rank holds in both its source and target blocks: each side's blocks are
 // equal or disjoint between ranks, so this sums over the ranks that differ on a mesh dim that
 // shards either side. The whole tensor (nothing learnt) where those are more than
@@ -455,9 +483,13 @@ constexpr std::int64_t held_in_both(const Layout& src, const Layout& dst) {
   }
   if (ranks > max_partial_exchange_ranks) return src.global_numel();
   std::int64_t held = 0;
-  for_each_coord(
-      mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
-      [&](const MeshCoord& c) { held += overlap_numel(src.local_box(c), dst.local_box(c)); });
+  for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
+                 [&](const MeshCoord& c) {
+                   std::int64_t both = 1;
+                   for (int d = 0; d < src.tensor_ndim() && both != 0; ++d)
+                     both *= held_ranges(src, src.placements(), dst.placements(), c, d).shared();
+                   held += both;
+                 });
   return held;
 }
 
@@ -639,27 +671,13 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
 constexpr std::int64_t missing_elements(const Layout& base, const Placements& from,
                                         const Placements& to, const MeshCoord& coord,
                                         std::int64_t* sources = nullptr) {
-  const DeviceMesh& mesh = base.mesh();
   std::int64_t want = 1, kept = 1, blocks = 1;
   for (int d = 0; d < base.tensor_ndim(); ++d) {
-    Range s{0, base.global_shape()[d]}, t = s;
-    for (int k = 0; k < mesh.ndim(); ++k) {
-      if (from[k].is_shard(d)) {
-        const Range r = chunk_range(s.size, mesh.size(k), coord[k], base.policy());
-        s = {s.start + r.start, r.size};
-      }
-      if (to[k].is_shard(d)) {
-        const Range r = chunk_range(t.size, mesh.size(k), coord[k], base.policy());
-        t = {t.start + r.start, r.size};
-      }
-    }
-    const std::int64_t lo = s.start > t.start ? s.start : t.start;
-    const std::int64_t hi =
-        s.start + s.size < t.start + t.size ? s.start + s.size : t.start + t.size;
-    want *= t.size;
-    kept *= hi > lo ? hi - lo : 0;
+    const HeldRanges r = held_ranges(base, from, to, coord, d);
+    want *= r.to.size;
+    kept *= r.shared();
     if (sources != nullptr)
-      blocks *= pieces_overlapping(base, from, 0, d, {0, base.global_shape()[d]}, t);
+      blocks *= pieces_overlapping(base, from, 0, d, {0, base.global_shape()[d]}, r.to);
   }
   if (sources != nullptr) *sources = blocks - (kept > 0 ? 1 : 0);
   return want - kept;
@@ -1402,9 +1420,10 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       if (timed) {
         const double beat = plan_builder::time_to_beat(best);
         const CostModel& model = options.cost_model;
+        const RoundFloors quick = reducing_exchange_floors(src, from, b, probe, model, false);
+        if (quick.first + quick.second > beat) continue;
         const double shared = shared_targets_floor(src, from, b, probe, model);
         auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
-        const RoundFloors quick = reducing_exchange_floors(src, from, b, probe, model, false);
         if (quick.first + at_least_shared(quick.second) > beat) continue;
         const SlowestFloors slowest = slowest_quick_floors(src, from, b, model);
         if (slowest.floors.first + at_least_shared(slowest.floors.second) > beat) continue;
