@@ -588,9 +588,10 @@ constexpr double shared_targets_floor(const Layout& base, const Placements& befo
   for (int j = 0; j < g; ++j)
     excess += overlap_numel(base.local_box(after, group_member(mesh, coord, dims, j)), block);
   if (excess <= 0) return 0;
+  const std::int64_t lacks = (excess + g - 1) / g;  // the busiest member's, at least
   const LinkCost any = fastest_link(mesh, cost);
   return LinkCost{any.latency_us * cost.p2p_latency_factor, any.bandwidth_gbs}.time_us(
-      1, double((excess + g - 1) / g) * double(base.elem_bytes()));
+      1, double(lacks) * double(base.elem_bytes()));
 }
 
 // The floors of reducing_exchange_floors without `cut` for every rank: the largest of each
