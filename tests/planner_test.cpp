@@ -553,18 +553,20 @@ TEST_CASE("the latency floor that skips candidates is below the time of each of 
   // latency alone (latency_floor_us) exceeds the best plan's time: the floor must never exceed
   // the time of a plan of those transitions in any order, padded or exact, with gathers merged
   // into all-to-alls. Checked on the planner's candidate families for every pair, on even shapes
-  // (gathers count) and uneven ones (only reductions count), with expensive and cheap messages.
+  // and uneven ones (gathers count their non-empty pieces), under both chunk policies, with
+  // expensive and cheap messages.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
                                DeviceMesh({2, 2, 2})};
-  const Shape shapes[] = {{16, 8}, {5, 7}, {1, 3}};
+  const Shape shapes[] = {{16, 8}, {5, 7}, {1, 3}, {7, 10}};
   int plans = 0, positive = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : shapes)
-      for (double p2p : {2.0, 0.5})
+      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
         testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
-          const Layout src(m, a, shape), dst(m, b, shape);
+          const Layout src(m, a, shape, DType::f32, policy), dst(m, b, shape, DType::f32, policy);
+          const double p2p = policy == ChunkPolicy::balanced ? 0.5 : 2.0;
           CostModel model = CostModel::defaults(m);
           model.p2p_latency_factor = p2p;
           PlanOptions o;

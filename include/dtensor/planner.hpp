@@ -1219,22 +1219,52 @@ constexpr std::int64_t partial_share_floor(const Layout& base, const Placements&
   return (block.numel() - union_numel(base, mid, coord, fixed, block)) / group;
 }
 
+// The fewest messages the busiest rank of a gather of tensor dim d on mesh dim k receives in
+// any order of the transitions `ts` (or an all-to-all from S(d) there): one per other member
+// whose piece is not empty. The group holding the first piece of every outer cut holds the
+// largest range of d, at least N_d cut by every mesh dim before k that shards d at some point
+// (src's placement or a transition's); of any range from that size to N_d, the fewest non-empty
+// pieces less one (a member whose own piece is empty receives them all). Without a short answer
+// (a large mesh dim under the torch policy), none.
+constexpr int gather_messages_floor(const Layout& base, const Transitions& ts, int k, int d) {
+  const DeviceMesh& mesh = base.mesh();
+  const int g = mesh.size(k);
+  const std::int64_t whole = base.global_shape()[d];
+  std::int64_t n = whole;
+  for (int j = 0; j < k; ++j) {
+    bool shards = base.placement(j).is_shard(d);
+    for (const Transition& t : ts)
+      shards = shards || (t.mesh_dim == j && (t.from.is_shard(d) || t.to.is_shard(d)));
+    if (shards) n = chunk_range(n, mesh.size(j), 0, base.policy()).size;
+  }
+  if (base.policy() == ChunkPolicy::balanced) return (n < g ? static_cast<int>(n) : g) - 1;
+  // torch_chunk: ceil(m / ceil(m / g)) pieces of m, not monotone in m, but g from g(g-1) on.
+  const std::int64_t all_from = std::int64_t{g} * (g - 1);
+  if (n >= all_from) return g - 1;
+  if (all_from - n > 64) return 0;
+  int fewest = g;
+  for (std::int64_t m = n; m < all_from && m <= whole; ++m) {
+    const int pieces = nonempty_pieces(m, g, ChunkPolicy::torch_chunk);
+    fewest = pieces < fewest ? pieces : fewest;
+  }
+  return fewest > 0 ? fewest - 1 : 0;
+}
+
 // A floor under the time of any plan whose steps include the transitions `ts`, in any order
 // and with gathers merged into all-to-alls, from the latency of their messages. Of a tensor that
 // is not empty some member of a group has a piece, and it receives g-1 messages in a reduction
 // (all-reduce twice; a Partial's change of op is one) even where the step is exact (a
 // point-to-point round), so the step's time, its slowest rank's, is at least that. A gather's or
-// all-to-all's exact messages may be fewer (one per non-empty piece): they count only where every
-// tensor dim splits evenly into as many pieces as the mesh has ranks, so that every piece of every
-// block is non-empty in any order.
+// all-to-all's exact messages may be fewer (one per non-empty piece): g-1 where every tensor dim
+// splits evenly into as many pieces as the mesh has ranks, so that every piece of every block is
+// non-empty in any order, else gather_messages_floor.
 constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
                                   const CostModel& model) {
   if (base.global_numel() == 0) return 0;
   const DeviceMesh& mesh = base.mesh();
   const double collective_factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
-  bool gathers_count = true;
-  for (const std::int64_t n : base.global_shape())
-    gathers_count = gathers_count && n % mesh.size() == 0;
+  bool even = true;
+  for (const std::int64_t n : base.global_shape()) even = even && n % mesh.size() == 0;
   double us = 0;
   for (const Transition& t : ts) {
     const int g = mesh.size(t.mesh_dim);
@@ -1243,9 +1273,10 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
     double messages = 0;
     if (kind == StepKind::all_reduce)
       messages = 2.0 * (g - 1);
-    else if (kind == StepKind::reduce_scatter ||
-             (gathers_count && (kind == StepKind::all_gather || kind == StepKind::all_to_all)))
+    else if (kind == StepKind::reduce_scatter)
       messages = g - 1;
+    else if (kind == StepKind::all_gather || kind == StepKind::all_to_all)
+      messages = even ? g - 1 : gather_messages_floor(base, ts, t.mesh_dim, t.from.dim());
     us += model.dims[t.mesh_dim].latency_us * messages * collective_factor;
   }
   return us;
