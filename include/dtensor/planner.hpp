@@ -1151,10 +1151,11 @@ struct plan_builder {
   // its target block: the group's source blocks tile what its target blocks cover). A plan
   // that is no plan or breaks the memory bound does not.
   // Or it is one unpadded all-reduce or reduce-scatter of the source's only Partial into a target
-  // without Partial, every other mesh dim of more than one rank a shard (so that each group
-  // reduces a block no other holds), between even layouts, of a block that splits evenly into
-  // the group's pieces: every rank receives the reduction bound, (g-1)/g of the block to merge
-  // each element and, for the all-reduce, as much again to spread it.
+  // without Partial, after local chunks only, with every other mesh dim of more than one rank a
+  // shard when it runs (so that each group reduces a block no other holds), between even layouts,
+  // of a block that splits evenly into the group's pieces: every rank receives the reduction
+  // bound, (g-1)/g of its block to merge each element and, for the all-reduce, as much again to
+  // spread it.
   static constexpr bool meets_bound(const Plan& plan) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
@@ -1165,25 +1166,24 @@ struct plan_builder {
     if (has_partial(plan.dst_.placements()) || partials > 1) return false;
     for (const Step& s : plan.steps_) {
       if (s.kind == StepKind::identity) continue;
-      if (s.padded) return false;
+      if (s.padded || reduction != nullptr) return false;  // nothing after the reduction
       if (s.kind == StepKind::all_reduce || s.kind == StepKind::reduce_scatter)
         reduction = &s;
-      else if (partials > 0 || (s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all))
+      else if (partials > 0 ? s.kind != StepKind::chunk
+                            : s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all)
         return false;
-      ++moving;
+      moving += moves_data(s.kind) ? 1 : 0;
     }
     if (moving != 1) return false;
     if (reduction == nullptr) return partials == 0;
     const Layout& base = plan.src_;
+    const Placements& at = reduction->before;
     const int k = reduction->mesh_dim, g = base.mesh().size(k);
     // A Replicate mesh dim beside it would let its replicas split the reduction.
     for (int j = 0; j < base.mesh().ndim(); ++j)
-      if (j != k && !a[j].is_shard() && base.mesh().size(j) > 1) return false;
-    return a[k].is_partial() && is_even(base, reduction->before) &&
-           is_even(base, reduction->after) &&
-           base.local_box(reduction->before,
-                          MeshCoord(static_cast<std::size_t>(base.mesh().ndim()), 0))
-                       .numel() %
+      if (j != k && !at[j].is_shard() && base.mesh().size(j) > 1) return false;
+    return a[k].is_partial() && is_even(base, at) && is_even(base, reduction->after) &&
+           base.local_box(at, MeshCoord(static_cast<std::size_t>(base.mesh().ndim()), 0)).numel() %
                    g ==
                0;
   }
