@@ -580,8 +580,8 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
     have[k] = want[k] = Placement::replicate();
   }
   if (classes == 1 || nd == 0) return 0;
-  // The blocks of one class's ranks, as [lo, hi) per tensor dim: block[0] the source's, block[1]
-  // the target's. Only the first `members` entries are used, each written before it is read: not
+  // The blocks of one class's ranks, as [lo, hi) per tensor dim: side 0 the source's, side 1 the
+  // target's. Only the first `members` entries are used, each written before it is read: not
   // cleared (nor are `cuts` below).
   constexpr int max_members = 32;
   // NOLINTNEXTLINE(cppcoreguidelines-init-variables): see above
@@ -594,12 +594,12 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
                            too_many = true;
                            return false;
                          }
-                         for (int side = 0; side < 2; ++side) {
-                           const Box box = src.local_box(side == 0 ? have : want, c);
-                           for (int d = 0; d < nd; ++d) {
-                             lo[side][members][d] = box.offset[d];
-                             hi[side][members][d] = box.offset[d] + box.shape[d];
-                           }
+                         for (int d = 0; d < nd; ++d) {
+                           const HeldRanges r = held_ranges(src, have, want, c, d);
+                           lo[0][members][d] = r.from.start;
+                           hi[0][members][d] = r.from.start + r.from.size;
+                           lo[1][members][d] = r.to.start;
+                           hi[1][members][d] = r.to.start + r.to.size;
                          }
                          ++members;
                          return true;
@@ -1283,8 +1283,8 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
 }
 
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
-// make no Partial) followed by an exchange from `mid` to `end` (no Partial): the reductions'
-// floor (latency_floor_us) of the transitions, and the exchange costs the rank at `probe`, if it
+// make no Partial) followed by an exchange from `mid` to `end` (no Partial): the transitions'
+// latency floor (latency_floor_us), and the exchange costs the rank at `probe`, if it
 // lacks elements of its block, those elements at the fastest link's bandwidth and at least one
 // point-to-point message, or into no Partial, one from each block of `mid` other than its own that
 // holds some of them (the blocks tile the tensor, or each class of a kept Partial's ranks: the
