@@ -630,6 +630,105 @@ TEST_CASE("the lower bound's fast path without Partial equals the general rule",
   CHECK(checked > 10000);
 }
 
+TEST_CASE("ranks whose blocks relate alike cost an exchange alike and lack alike",
+          "[planner][bound]") {
+  // BlockRelation lets the planner cost one rank of each kind of an exchange between even layouts
+  // whose cuts nest: every rank of a key must cost and lack as every other, and visiting the
+  // multiples of each mesh dim's step must meet every key, first where the visit of all meets it.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}),       DeviceMesh({2, 4}),    DeviceMesh({4, 4}),
+                               DeviceMesh({2, 2, 2}), DeviceMesh({2, 4, 2}), DeviceMesh({2, 3}),
+                               DeviceMesh({3, 4}),    DeviceMesh({6, 2})};
+  const Shape shapes[] = {{64, 32, 16}, {48, 24, 12}, {96, 8, 1}, {5, 7, 3}};
+  int usable = 0, unusable = 0, merged = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        const Layout src(m, a, shape, DType::f32);
+        const detail::BlockRelation rel = detail::block_relation(src, a, b);
+        const bool even = detail::is_even(src, a) && detail::is_even(src, b);
+        if (!rel.usable) {
+          ++unusable;
+          return;
+        }
+        REQUIRE(even);
+        ++usable;
+        const CostModel model = CostModel::defaults(m);
+        struct Kind {
+          std::uint64_t key;
+          detail::RankStepCost cost;
+          std::int64_t missing;
+          int first;
+        };
+        std::vector<Kind> kinds_seen;
+        for (int r = 0; r < m.size(); ++r) {
+          const MeshCoord c = m.coordinate(r);
+          const std::uint64_t key = rel.key(c);
+          const detail::RankStepCost cost =
+              detail::rank_step_cost(src, a, b, StepKind::exchange, -1, false, c, model);
+          const std::int64_t missing = detail::missing_elements(src, a, b, c);
+          MeshCoord below = c;  // the rank the stepped visit speaks for it with
+          for (int k = 0; k < m.ndim(); ++k) below[k] -= c[k] % rel.step[k];
+          REQUIRE(rel.key(below) == key);
+          auto it = std::find_if(kinds_seen.begin(), kinds_seen.end(),
+                                 [&](const Kind& kd) { return kd.key == key; });
+          if (it == kinds_seen.end()) {
+            kinds_seen.push_back({key, cost, missing, m.index(c)});
+            continue;
+          }
+          ++merged;
+          INFO(fmt::format("{} {} -> {} on {}, rank {} and rank {}", shape, a, b, m.shape(),
+                           it->first, r));
+          REQUIRE(cost.bytes == it->cost.bytes);
+          REQUIRE(cost.us == Approx(it->cost.us).epsilon(1e-12));
+          REQUIRE(missing == it->missing);
+        }
+        // The stepped visit meets each key first at the same rank as the visit of all.
+        const bool fixed[max_mesh_dims] = {};
+        std::vector<int> firsts;
+        std::vector<std::uint64_t> keys;
+        detail::for_each_coord_while(m, MeshCoord(static_cast<std::size_t>(m.ndim()), 0), fixed,
+                                     rel.step, [&](const MeshCoord& c) {
+                                       const std::uint64_t key = rel.key(c);
+                                       if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+                                         keys.push_back(key);
+                                         firsts.push_back(m.index(c));
+                                       }
+                                       return true;
+                                     });
+        REQUIRE(keys.size() == kinds_seen.size());
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          REQUIRE(keys[i] == kinds_seen[i].key);
+          REQUIRE(firsts[i] == kinds_seen[i].first);
+        }
+      });
+  CHECK(usable > 2000);
+  CHECK(unusable > 1000);
+  CHECK(merged > 10000);
+  // Not usable: uneven, cuts that do not nest (pieces of 3 and of 2), an empty dim.
+  const DeviceMesh m23({2, 3});
+  CHECK(!detail::block_relation(layout(m23, "S(0),R", {5, 6}), parse_placements("S(0),R"),
+                                parse_placements("R,S(0)"))
+             .usable);
+  CHECK(!detail::block_relation(layout(m23, "S(0),R", {6, 6}), parse_placements("S(0),R"),
+                                parse_placements("R,S(0)"))
+             .usable);
+  CHECK(!detail::block_relation(layout(m23, "S(0),R", {6, 0}), parse_placements("S(0),R"),
+                                parse_placements("R,S(1)"))
+             .usable);
+  // The bench's 16 x 64 exchange: ranks whose target rows lie in their source rows, and the rest.
+  const DeviceMesh big({16, 64});
+  const Layout from = layout(big, "S(0),R", {8192, 8192});
+  const detail::BlockRelation rel =
+      detail::block_relation(from, from.placements(), parse_placements("R,S(0)"));
+  REQUIRE(rel.usable);
+  CHECK(rel.digits == 1);
+  CHECK(rel.step[0] == 1);
+  CHECK(rel.step[1] == 4);
+  CHECK(rel.key(MeshCoord{3, 13}) == 1);
+  CHECK(rel.key(MeshCoord{3, 16}) == 0);
+}
+
 TEST_CASE("an exchange into a Partial: each group splits what none of its members holds",
           "[planner][exchange]") {
   // (R, S(0)) -> (P(sum), S(1)) on 2x2: the two ranks of a column group hold the same rows of

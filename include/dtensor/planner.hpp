@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "cost_model.hpp"
+#include "detail/block_relation.hpp"
 #include "detail/stages.hpp"
 #include "detail/static_vector.hpp"
 #include "detail/step_cost.hpp"
@@ -1088,7 +1089,27 @@ struct plan_builder {
       plan.bytes_recv_max_ = uniform_total.recv;
       plan.bytes_send_max_ = uniform_total.send;
     } else {
-      for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
+      // An exchange between even layouts whose cuts nest costs alike the ranks whose blocks
+      // relate alike (BlockRelation): one rank of each kind is costed.
+      std::size_t related_step = plan.steps_.size();
+      BlockRelation relation;
+      int visited = 1;
+      for (int k = 0; k < mesh.ndim(); ++k) visited *= fixed[k] ? 1 : mesh.size(k);
+      for (std::size_t i = 0; i < plan.steps_.size() && visited > 4; ++i) {
+        const Step& s = plan.steps_[i];
+        if (s.kind == StepKind::exchange && !uniform[i] && i != partial_step &&
+            !exchange_reduces(s.before, s.after) && !makes_partial(s.before, s.after)) {
+          relation = block_relation(base, s.before, s.after);
+          if (relation.usable) related_step = i;
+        }
+      }
+      struct Costed {
+        std::int64_t send;
+        std::int64_t recv;
+        double us;
+      };
+      KeyedMemo<Costed> costed;
+      auto visit = [&](const MeshCoord& c) {
         RankBytes total = uniform_total;
         double us = 0;
         // The rank's block before a step is its block after the one before, when that one was
@@ -1098,20 +1119,29 @@ struct plan_builder {
         for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
           Step& s = plan.steps_[i];
           if (moves_data(s.kind) && !uniform[i]) {
-            if (!have_known) have = base.local_box(s.before, c);
-            const Box want = base.local_box(s.after, c);
             RankStepCost rc;
-            if (i == partial_step) {
-              const int at = mesh.index(c);
-              rc = {{bytes_mul(partial.send[at], base.elem_bytes()),
-                     bytes_mul(partial.recv[at], base.elem_bytes())},
-                    partial.us[at]};
+            const std::uint64_t key = i == related_step ? relation.key(c) : 0;
+            const Costed* known = i == related_step ? costed.find(key) : nullptr;
+            if (known != nullptr) {
+              rc.bytes = {known->send, known->recv};
+              rc.us = known->us;
+              have_known = false;
             } else {
-              rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, have,
-                                  want, o.cost_model);
+              if (!have_known) have = base.local_box(s.before, c);
+              const Box want = base.local_box(s.after, c);
+              if (i == partial_step) {
+                const int at = mesh.index(c);
+                rc = {{bytes_mul(partial.send[at], base.elem_bytes()),
+                       bytes_mul(partial.recv[at], base.elem_bytes())},
+                      partial.us[at]};
+              } else {
+                rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, have,
+                                    want, o.cost_model);
+              }
+              if (i == related_step) costed.remember(key, {rc.bytes.send, rc.bytes.recv, rc.us});
+              have = want;
+              have_known = true;
             }
-            have = want;
-            have_known = true;
             total.send = bytes_add(total.send, rc.bytes.send);
             total.recv = bytes_add(total.recv, rc.bytes.recv);
             s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
@@ -1129,7 +1159,13 @@ struct plan_builder {
         plan.bytes_recv_max_ = max_of(plan.bytes_recv_max_, total.recv);
         plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
         return true;
-      });
+      };
+      // Where that exchange is the only step whose cost varies, one rank of each kind speaks
+      // for its kind (the maxima are the plan's figures).
+      bool only_related = related_step < plan.steps_.size();
+      for (std::size_t i = 0; i < plan.steps_.size() && only_related; ++i)
+        only_related = i == related_step || !moves_data(plan.steps_[i].kind) || uniform[i];
+      for_each_coord_while(mesh, origin, fixed, only_related ? relation.step : every_coord, visit);
     }
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
@@ -1536,15 +1572,36 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   if (reduces || (blocks_only && nested_alike(src, dst))) {
     for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = true;
   }
-  for_each_coord(mesh, out.busiest, fixed, [&](const MeshCoord& c) {
-    const std::int64_t e = blocks_only
-                               ? missing_elements(src, src.placements(), dst.placements(), c)
-                               : lower_bound_elements(src, dst, c);
+  auto visit = [&](const MeshCoord& c, std::int64_t e) {
     if (e > out.elements) {
       out.elements = e;
       out.busiest = c;
     }
-  });
+    return true;
+  };
+  // Between even layouts whose cuts nest, ranks whose blocks relate alike lack alike
+  // (BlockRelation): one of each kind is visited, the first in the order of all.
+  int visited = 1;
+  for (int k = 0; k < mesh.ndim(); ++k) visited *= fixed[k] ? 1 : mesh.size(k);
+  BlockRelation relation;
+  if (blocks_only && visited > 16)
+    relation = block_relation(src, src.placements(), dst.placements());
+  if (relation.usable) {
+    KeyedMemo<std::int64_t> lacks;
+    for_each_coord_while(mesh, out.busiest, fixed, relation.step, [&](const MeshCoord& c) {
+      const std::uint64_t key = relation.key(c);
+      const std::int64_t* known = lacks.find(key);
+      if (known != nullptr) return visit(c, *known);
+      const std::int64_t e = missing_elements(src, src.placements(), dst.placements(), c);
+      lacks.remember(key, e);
+      return visit(c, e);
+    });
+  } else {
+    for_each_coord(mesh, out.busiest, fixed, [&](const MeshCoord& c) {
+      visit(c, blocks_only ? missing_elements(src, src.placements(), dst.placements(), c)
+                           : lower_bound_elements(src, dst, c));
+    });
+  }
   if (!blocks_only) {
     const std::int64_t e = reduction_elements(src, dst);
     out.elements = e > out.elements ? e : out.elements;
