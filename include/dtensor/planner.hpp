@@ -1097,8 +1097,9 @@ struct plan_builder {
       for (int k = 0; k < mesh.ndim(); ++k) visited *= fixed[k] ? 1 : mesh.size(k);
       for (std::size_t i = 0; i < plan.steps_.size() && visited > 4; ++i) {
         const Step& s = plan.steps_[i];
-        if (s.kind == StepKind::exchange && !uniform[i] && i != partial_step &&
-            !exchange_reduces(s.before, s.after) && !makes_partial(s.before, s.after)) {
+        if (s.kind == StepKind::exchange && !uniform[i] && i != partial_step && even[i] &&
+            even[i + 1] && !exchange_reduces(s.before, s.after) &&
+            !makes_partial(s.before, s.after)) {
           relation = block_relation(base, s.before, s.after);
           if (relation.usable) related_step = i;
         }
