@@ -630,6 +630,48 @@ TEST_CASE("the lower bound's fast path without Partial equals the general rule",
   CHECK(checked > 10000);
 }
 
+TEST_CASE("the pieces that meet a range are counted as visiting them counts them",
+          "[planner][bound]") {
+  // detail::pieces_overlapping counts the non-empty pieces that the shards of a tensor dim from
+  // some mesh dim on cut a range into and that meet another range: by arithmetic where the cuts
+  // are even, by binary search and a closed form for the last cut of more than 8 pieces, by
+  // visiting the pieces otherwise. Checked against visiting every piece.
+  const DeviceMesh meshes[] = {DeviceMesh({16}), DeviceMesh({12, 2}), DeviceMesh({3, 12}),
+                               DeviceMesh({2, 9, 3})};
+  int checked = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+      for (const std::int64_t n : {5, 7, 26, 100, 1000}) {
+        Placements ps;
+        for (int k = 0; k < m.ndim(); ++k) ps.push_back(Shard(0));
+        const Layout base(m, ps, Shape{n}, DType::f32, policy);
+        for (int depth = 0; depth < m.ndim(); ++depth)
+          for (std::int64_t lo = 0; lo < n; lo += 1 + n / 9)
+            for (std::int64_t size = 1; lo + size <= n; size += 1 + n / 7) {
+              // Every piece cut from the whole dim by the mesh dims from `depth` on.
+              std::vector<Range> pieces = {{0, n}};
+              for (int k = depth; k < m.ndim(); ++k) {
+                std::vector<Range> next;
+                for (const Range& r : pieces)
+                  for (int j = 0; j < m.size(k); ++j) {
+                    const Range c = chunk_range(r.size, m.size(k), j, policy);
+                    next.push_back({r.start + c.start, c.size});
+                  }
+                pieces = next;
+              }
+              std::int64_t expected = 0;
+              for (const Range& r : pieces)
+                expected += r.size > 0 && r.start < lo + size && r.start + r.size > lo ? 1 : 0;
+              INFO(fmt::format("{} over {} from mesh dim {}, range [{}, {})", n, m.shape(), depth,
+                               lo, lo + size));
+              REQUIRE(detail::pieces_overlapping(base, ps, depth, 0, {0, n}, {lo, size}) ==
+                      expected);
+              ++checked;
+            }
+      }
+  CHECK(checked > 1000);
+}
+
 TEST_CASE("ranks whose blocks relate alike cost an exchange alike and lack alike",
           "[planner][bound]") {
   // BlockRelation lets the planner cost one rank of each kind of an exchange between even layouts

@@ -132,6 +132,14 @@ constexpr void for_each_exchange_target(const Layout& base, const Placements& be
   });
 }
 
+// The non-empty pieces of n elements cut into g under `policy`.
+constexpr int nonempty_pieces(std::int64_t n, int g, ChunkPolicy policy) noexcept {
+  if (n <= 0) return 0;
+  if (policy == ChunkPolicy::balanced) return n < g ? static_cast<int>(n) : g;
+  const std::int64_t piece = (n + g - 1) / g;
+  return static_cast<int>((n + piece - 1) / piece);
+}
+
 // The pieces [first, last) of `n` elements cut into g (chunk_range) that can meet the relative
 // range [lo, hi): every other piece ends by lo or starts at hi or later. Binary searches, so that
 // a group of many members costs its logarithm, not its size.
@@ -188,6 +196,13 @@ constexpr std::int64_t pieces_overlapping(const Layout& base, const Placements& 
   const int g = base.mesh().size(next);
   const PieceSpan span = pieces_meeting(range.size, g, base.policy(), want.start - range.start,
                                         want.start + want.size - range.start);
+  // The last cut, its span searched (more than 8 pieces): each non-empty piece of the span
+  // meets the range and counts once, and the empty pieces come last under either policy.
+  if (parts == g && g > 8) {
+    const int nonempty = nonempty_pieces(range.size, g, base.policy());
+    const int last = span.last < nonempty ? span.last : nonempty;
+    return last > span.first ? last - span.first : 0;
+  }
   for (int j = span.first; j < span.last; ++j) {
     const Range r = chunk_range(range.size, g, j, base.policy());
     count += pieces_overlapping(base, ps, next + 1, d, {range.start + r.start, r.size}, want);
@@ -231,14 +246,6 @@ constexpr std::int64_t overlap_over(const Layout& base, const Placements& ps,
         overlap_over(base, ps, coord, vary, next + 1, d, {range.start + r.start, r.size}, have);
   }
   return total;
-}
-
-// The non-empty pieces of n elements cut into g under `policy`.
-constexpr int nonempty_pieces(std::int64_t n, int g, ChunkPolicy policy) noexcept {
-  if (n <= 0) return 0;
-  if (policy == ChunkPolicy::balanced) return n < g ? static_cast<int>(n) : g;
-  const std::int64_t piece = (n + g - 1) / g;
-  return static_cast<int>((n + piece - 1) / piece);
 }
 
 struct ExchangeCost {
