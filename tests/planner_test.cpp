@@ -672,6 +672,74 @@ TEST_CASE("the pieces that meet a range are counted as visiting them counts them
   CHECK(checked > 1000);
 }
 
+TEST_CASE("the kinds of block pair are those the ranks hold, and a collective's busiest is one",
+          "[planner][bound]") {
+  // detail::for_each_block_shape gives one pair of boxes per kind of (before, after) block pair
+  // the ranks hold, told apart by extents and overlaps; order_step_cost takes a collective's
+  // busiest rank among them on more than 8 ranks. Both against visiting every rank.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum)};
+  const DeviceMesh meshes[] = {DeviceMesh({16}), DeviceMesh({4, 4}), DeviceMesh({3, 4}),
+                               DeviceMesh({2, 3, 2})};
+  const Shape shapes[] = {{7, 10}, {5, 13}, {48, 16}, {2, 3}};
+  auto extents = [](const Box& have, const Box& want) {
+    std::vector<std::int64_t> out;
+    for (std::size_t d = 0; d < have.shape.size(); ++d) {
+      const std::int64_t lo = std::max(have.offset[d], want.offset[d]);
+      const std::int64_t hi =
+          std::min(have.offset[d] + have.shape[d], want.offset[d] + want.shape[d]);
+      out.insert(out.end(), {have.shape[d], want.shape[d], hi > lo ? hi - lo : 0});
+    }
+    return out;
+  };
+  int pairs = 0, steps = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Layout base(m, a, shape, DType::f32, policy);
+          std::vector<std::vector<std::int64_t>> held, given;
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            const auto e = extents(base.local_box(a, c), base.local_box(b, c));
+            if (std::find(held.begin(), held.end(), e) == held.end()) held.push_back(e);
+          }
+          REQUIRE(detail::for_each_block_shape(base, a, b, [&](const Box& have, const Box& want) {
+            given.push_back(extents(have, want));
+          }));
+          std::sort(held.begin(), held.end());
+          std::sort(given.begin(), given.end());
+          INFO(fmt::format("{} {} -> {} on {}", shape, a, b, m.shape()));
+          REQUIRE(held == given);
+          ++pairs;
+          // Each valid one-mesh-dim collective from a: its busiest rank, every rank visited.
+          for (int k = 0; k < m.ndim(); ++k) {
+            if (a[k] == b[k] || !detail::transition_valid(k, a, b)) continue;
+            Placements after = a;
+            after[k] = b[k];
+            const StepKind kind = detail::step_kind(a[k], b[k]);
+            if (kind == StepKind::all_reduce || !moves_data(kind)) continue;
+            for (const Objective objective : {Objective::time, Objective::bytes}) {
+              PlanOptions o;
+              o.objective = objective;
+              o = o.with_cost_model(CostModel::defaults(m));
+              double most = 0;
+              for (int r = 0; r < m.size(); ++r) {
+                const detail::RankStepCost rc = detail::rank_step_cost(
+                    base, a, after, kind, k, false, m.coordinate(r), o.cost_model);
+                const double v = objective == Objective::bytes
+                                     ? static_cast<double>(rc.bytes.recv) + rc.us * 1e-9
+                                     : rc.us;
+                most = std::max(most, v);
+              }
+              REQUIRE(detail::order_step_cost(base, a, after, k, o) == Approx(most).epsilon(1e-12));
+              ++steps;
+            }
+          }
+        });
+  CHECK(pairs > 5000);
+  CHECK(steps > 4000);
+}
+
 TEST_CASE("ranks whose blocks relate alike cost an exchange alike and lack alike",
           "[planner][bound]") {
   // BlockRelation lets the planner cost one rank of each kind of an exchange between even layouts

@@ -6,6 +6,7 @@
 #include "config.hpp"
 #include "cost_model.hpp"
 #include "detail/block_relation.hpp"
+#include "detail/block_shapes.hpp"
 #include "detail/stages.hpp"
 #include "detail/static_vector.hpp"
 #include "detail/step_cost.hpp"
@@ -734,18 +735,29 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
   // An all-reduce costs the origin the most (plan_builder::costs_most_at_origin).
   const bool one =
       kind == StepKind::all_reduce || (is_even(base, before) && is_even(base, to_state));
-  for (int j = 0; j < mesh.ndim(); ++j)
+  int visited = 1;
+  for (int j = 0; j < mesh.ndim(); ++j) {
     fixed[j] = one || (!before[j].is_shard() && !to_state[j].is_shard());
+    visited *= fixed[j] ? 1 : mesh.size(j);
+  }
   double most = 0;
-  for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
-                 [&](const MeshCoord& c) {
-                   const RankStepCost rc =
-                       rank_step_cost(base, before, to_state, kind, k, false, c, o.cost_model);
-                   const double v = o.objective == Objective::bytes
-                                        ? static_cast<double>(rc.bytes.recv) + rc.us * 1e-9
-                                        : rc.us;
-                   most = v > most ? v : most;
-                 });
+  const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+  auto consider = [&](const MeshCoord& c, const Box& have, const Box& want) {
+    const RankStepCost rc =
+        rank_step_cost(base, before, to_state, kind, k, false, c, have, want, o.cost_model);
+    const double v =
+        o.objective == Objective::bytes ? static_cast<double>(rc.bytes.recv) + rc.us * 1e-9 : rc.us;
+    most = v > most ? v : most;
+  };
+  // On more than 8 ranks, one block pair of each kind (the step is no all-reduce here: what it
+  // costs a rank depends on its blocks' extents and overlaps alone).
+  if (visited > 8 &&
+      for_each_block_shape(base, before, to_state,
+                           [&](const Box& have, const Box& want) { consider(origin, have, want); }))
+    return most;
+  for_each_coord(mesh, origin, fixed, [&](const MeshCoord& c) {
+    consider(c, base.local_box(before, c), base.local_box(to_state, c));
+  });
   return most;
 }
 
