@@ -740,6 +740,55 @@ TEST_CASE("the kinds of block pair are those the ranks hold, and a collective's 
   CHECK(steps > 4000);
 }
 
+TEST_CASE("plans on more than 8 ranks report the maxima over every rank", "[planner][bound]") {
+  // On more than 8 ranks the planner costs some steps once per kind of rank (block pairs told
+  // apart by extents, exchanges by BlockRelation) instead of on every rank: the figures it reports
+  // must still be every rank's maxima.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum)};
+  const DeviceMesh meshes[] = {DeviceMesh({16}), DeviceMesh({4, 4}), DeviceMesh({3, 4}),
+                               DeviceMesh({2, 3, 2})};
+  const Shape shapes[] = {{7, 10}, {48, 16}, {13, 1}};
+  const PlanOptions variants[] = {{.objective = Objective::time},
+                                  {.objective = Objective::bytes},
+                                  {.padding = Padding::always},
+                                  {.memory = Memory::bounded}};
+  int plans = 0;
+  for (const PlanOptions& variant : variants)
+    for (const DeviceMesh& m : meshes)
+      for (const Shape& shape : shapes)
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape), variant);
+          INFO(fmt::format("{} {} -> {} on {}", shape, a, b, m.shape()));
+          std::int64_t recv_most = 0, send_most = 0;
+          for (int r = 0; r < m.size(); ++r) {
+            recv_most = std::max(recv_most, rank_bytes(p, r).recv);
+            send_most = std::max(send_most, rank_bytes(p, r).send);
+          }
+          REQUIRE(p.bytes_recv_max() == recv_most);
+          REQUIRE(p.bytes_send_max() == send_most);
+          for (std::size_t i = 0; i < p.size(); ++i) {
+            const Step& s = p[i];
+            if (s.kind == K::exchange && detail::exchange_reduces(s.before, s.after)) continue;
+            RankBytes step_most;
+            double us_most = 0;
+            for (int r = 0; r < m.size(); ++r) {
+              const RankBytes rb = step_rank_bytes(p, i, r);
+              step_most.recv = std::max(step_most.recv, rb.recv);
+              step_most.send = std::max(step_most.send, rb.send);
+              us_most = std::max(
+                  us_most, detail::rank_step_cost(p.src(), s.before, s.after, s.kind, s.mesh_dim,
+                                                  s.padded, m.coordinate(r), p.cost_model())
+                               .us);
+            }
+            REQUIRE(s.bytes_recv_max == step_most.recv);
+            REQUIRE(s.bytes_send_max == step_most.send);
+            REQUIRE(s.est_us == Approx(us_most).epsilon(1e-12));
+          }
+          ++plans;
+        });
+  CHECK(plans > 10000);
+}
+
 TEST_CASE("ranks whose blocks relate alike cost an exchange alike and lack alike",
           "[planner][bound]") {
   // BlockRelation lets the planner cost one rank of each kind of an exchange between even layouts

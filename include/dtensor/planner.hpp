@@ -1001,8 +1001,20 @@ struct plan_builder {
         const RankStepCost padded =
             rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, origin, o.cost_model);
         bool same[max_mesh_dims] = {};
-        for (int k = 0; k < mesh.ndim(); ++k)
+        int visited = 1;
+        for (int k = 0; k < mesh.ndim(); ++k) {
           same[k] = !s.before[k].is_shard() && !s.after[k].is_shard();
+          visited *= same[k] ? 1 : mesh.size(k);
+        }
+        // On more than 8 ranks, one block pair of each kind (the step is no all-reduce).
+        if (visited > 8 &&
+            for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
+              s.padded = s.padded ||
+                         padded.us < rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                    false, origin, have, want, o.cost_model)
+                                         .us;
+            }))
+          continue;
         for_each_coord_while(mesh, origin, same, [&](const MeshCoord& c) {
           const double exact =
               rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
@@ -1178,7 +1190,38 @@ struct plan_builder {
       bool only_related = related_step < plan.steps_.size();
       for (std::size_t i = 0; i < plan.steps_.size() && only_related; ++i)
         only_related = i == related_step || !moves_data(plan.steps_[i].kind) || uniform[i];
-      for_each_coord_while(mesh, origin, fixed, only_related ? relation.step : every_coord, visit);
+      // A collective (no all-reduce, no exchange) that is the only step whose cost varies, on
+      // more than 8 ranks: one block pair of each kind speaks for the ranks of its kind.
+      std::size_t varying = plan.steps_.size();
+      int varying_steps = 0;
+      for (std::size_t i = 0; i < plan.steps_.size(); ++i)
+        if (moves_data(plan.steps_[i].kind) && !uniform[i]) varying = i, ++varying_steps;
+      bool by_kind = false;
+      if (varying_steps == 1 && visited > 8 && plan.steps_[varying].kind != StepKind::exchange &&
+          plan.steps_[varying].kind != StepKind::all_reduce) {
+        Step& s = plan.steps_[varying];
+        by_kind =
+            for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
+              const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                     s.padded, origin, have, want, o.cost_model);
+              s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
+              s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
+              s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+            });
+        if (by_kind) {
+          plan.bytes_recv_max_ = bytes_add(uniform_total.recv, s.bytes_recv_max);
+          plan.bytes_send_max_ = bytes_add(uniform_total.send, s.bytes_send_max);
+          double us = 0;
+          for (const Step& t : plan.steps_) us += t.est_us;
+          if (loses_at(plan.bytes_recv_max_, us)) {
+            plan.pruned_ = true;
+            return;
+          }
+        }
+      }
+      if (!by_kind)
+        for_each_coord_while(mesh, origin, fixed, only_related ? relation.step : every_coord,
+                             visit);
     }
     plan.est_us_ = 0;
     for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
