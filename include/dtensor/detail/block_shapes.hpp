@@ -44,52 +44,65 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
     }
   // Each group's kinds: kinds[g] of them, kind t's extents along dim d at extents[d][t].
   int kinds[max_tensor_dims] = {};
-  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): written before read
   DimExtents extents[max_tensor_dims][max_kinds];
+  // Per tensor dim, the mesh dims that cut it before and after, in mesh order.
+  int cuts_before[max_tensor_dims][max_mesh_dims];
+  int cuts_after[max_tensor_dims][max_mesh_dims];
+  int n_before[max_tensor_dims] = {}, n_after[max_tensor_dims] = {};
+  for (int k = 0; k < n; ++k) {
+    if (before[k].is_shard()) cuts_before[before[k].dim()][n_before[before[k].dim()]++] = k;
+    if (after[k].is_shard()) cuts_after[after[k].dim()][n_after[after[k].dim()]++] = k;
+  }
   for (int g = 0; g < nd; ++g) {
     if (group[g] != g) continue;
+    int dims[max_tensor_dims];
+    int ndims = 0;
+    for (int d = 0; d < nd; ++d)
+      if (group[d] == g) dims[ndims++] = d;
     bool varies[max_mesh_dims] = {};
     std::int64_t visits = 1;
+    for (int i = 0; i < ndims; ++i) {
+      for (int j = 0; j < n_before[dims[i]]; ++j) varies[cuts_before[dims[i]][j]] = true;
+      for (int j = 0; j < n_after[dims[i]]; ++j) varies[cuts_after[dims[i]][j]] = true;
+    }
     for (int k = 0; k < n; ++k) {
-      varies[k] = (before[k].is_shard() && group[before[k].dim()] == g) ||
-                  (after[k].is_shard() && group[after[k].dim()] == g);
       if (varies[k]) visits *= mesh.size(k);
       if (visits > max_visits) return false;
     }
     MeshCoord c(static_cast<std::size_t>(n), 0);
     while (true) {
       // This coordinate's extents along the group's dims.
-      DimExtents mine[max_tensor_dims] = {};
-      for (int d = 0; d < nd; ++d) {
-        if (group[d] != g) continue;
+      DimExtents mine[max_tensor_dims];
+      for (int i = 0; i < ndims; ++i) {
+        const int d = dims[i];
         Range rb{0, base.global_shape()[d]}, ra = rb;
-        for (int k = 0; k < n; ++k) {
-          if (before[k].is_shard(d)) {
-            const Range r = chunk_range(rb.size, mesh.size(k), c[k], base.policy());
-            rb = {rb.start + r.start, r.size};
-          }
-          if (after[k].is_shard(d)) {
-            const Range r = chunk_range(ra.size, mesh.size(k), c[k], base.policy());
-            ra = {ra.start + r.start, r.size};
-          }
+        for (int j = 0; j < n_before[d]; ++j) {
+          const int k = cuts_before[d][j];
+          const Range r = chunk_range(rb.size, mesh.size(k), c[k], base.policy());
+          rb = {rb.start + r.start, r.size};
+        }
+        for (int j = 0; j < n_after[d]; ++j) {
+          const int k = cuts_after[d][j];
+          const Range r = chunk_range(ra.size, mesh.size(k), c[k], base.policy());
+          ra = {ra.start + r.start, r.size};
         }
         const std::int64_t lo = rb.start > ra.start ? rb.start : ra.start;
         const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
         const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
-        mine[d] = {rb.size, ra.size, hi > lo ? hi - lo : 0};
+        mine[i] = {rb.size, ra.size, hi > lo ? hi - lo : 0};
       }
       bool known = false;
-      for (int t = 0; t < kinds[g] && !known; ++t) {
+      for (int t = kinds[g] - 1; t >= 0 && !known; --t) {  // the latest kind first
         known = true;
-        for (int d = 0; d < nd && known; ++d)
-          known = group[d] != g ||
-                  (extents[d][t].before == mine[d].before && extents[d][t].after == mine[d].after &&
-                   extents[d][t].overlap == mine[d].overlap);
+        for (int i = 0; i < ndims && known; ++i) {
+          const DimExtents& e = extents[dims[i]][t];
+          known = e.before == mine[i].before && e.after == mine[i].after &&
+                  e.overlap == mine[i].overlap;
+        }
       }
       if (!known) {
         if (kinds[g] == max_kinds) return false;
-        for (int d = 0; d < nd; ++d)
-          if (group[d] == g) extents[d][kinds[g]] = mine[d];
+        for (int i = 0; i < ndims; ++i) extents[dims[i]][kinds[g]] = mine[i];
         ++kinds[g];
       }
       int k = n - 1;
