@@ -149,6 +149,49 @@ RankBytes reference_bytes(const Layout& base, const Step& s, const MeshCoord& me
   return out;
 }
 
+// The plan's and each step's figures are the maxima over every rank (the planner costs only some
+// ranks where the others cannot cost more, or one of each kind); with `reference`, each rank's
+// bytes are also checked against reference_bytes.
+void require_maxima(const Plan& p, bool reference) {
+  const DeviceMesh& m = p.src().mesh();
+  std::int64_t recv_most = 0, send_most = 0;
+  for (int r = 0; r < m.size(); ++r) {
+    recv_most = std::max(recv_most, rank_bytes(p, r).recv);
+    send_most = std::max(send_most, rank_bytes(p, r).send);
+  }
+  REQUIRE(p.bytes_recv_max() == recv_most);
+  REQUIRE(p.bytes_send_max() == send_most);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const Step& s = p[i];
+    RankBytes step_most;
+    // The slowest rank's time; an exchange from a Partial's two rounds, each the slowest rank's.
+    double us_most = 0, first_most = 0, second_most = 0;
+    const bool two_rounds = s.kind == K::exchange && detail::exchange_reduces(s.before, s.after);
+    for (int r = 0; r < m.size(); ++r) {
+      const RankBytes rb = step_rank_bytes(p, i, r);
+      if (reference) REQUIRE(rb == reference_bytes(p.src(), s, m.coordinate(r)));
+      step_most.recv = std::max(step_most.recv, rb.recv);
+      step_most.send = std::max(step_most.send, rb.send);
+      us_most =
+          std::max(us_most, detail::rank_step_cost(p.src(), s.before, s.after, s.kind, s.mesh_dim,
+                                                   s.padded, m.coordinate(r), p.cost_model())
+                                .us);
+      if (two_rounds) {
+        const detail::ExchangeCost e = detail::reducing_exchange_cost(
+            p.src(), s.before, s.after, m.coordinate(r), p.cost_model());
+        first_most = std::max(first_most, e.first_round_us);
+        second_most = std::max(second_most, e.us - e.first_round_us);
+      }
+    }
+    REQUIRE(s.bytes_recv_max == step_most.recv);
+    REQUIRE(s.bytes_send_max == step_most.send);
+    if (two_rounds)
+      REQUIRE(s.est_us == Approx(first_most + second_most).epsilon(1e-12));
+    else
+      REQUIRE(s.est_us == us_most);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("one mesh dim: each transition is one collective or local step", "[planner]") {
@@ -759,31 +802,7 @@ TEST_CASE("plans on more than 8 ranks report the maxima over every rank", "[plan
         testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
           const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape), variant);
           INFO(fmt::format("{} {} -> {} on {}", shape, a, b, m.shape()));
-          std::int64_t recv_most = 0, send_most = 0;
-          for (int r = 0; r < m.size(); ++r) {
-            recv_most = std::max(recv_most, rank_bytes(p, r).recv);
-            send_most = std::max(send_most, rank_bytes(p, r).send);
-          }
-          REQUIRE(p.bytes_recv_max() == recv_most);
-          REQUIRE(p.bytes_send_max() == send_most);
-          for (std::size_t i = 0; i < p.size(); ++i) {
-            const Step& s = p[i];
-            if (s.kind == K::exchange && detail::exchange_reduces(s.before, s.after)) continue;
-            RankBytes step_most;
-            double us_most = 0;
-            for (int r = 0; r < m.size(); ++r) {
-              const RankBytes rb = step_rank_bytes(p, i, r);
-              step_most.recv = std::max(step_most.recv, rb.recv);
-              step_most.send = std::max(step_most.send, rb.send);
-              us_most = std::max(
-                  us_most, detail::rank_step_cost(p.src(), s.before, s.after, s.kind, s.mesh_dim,
-                                                  s.padded, m.coordinate(r), p.cost_model())
-                               .us);
-            }
-            REQUIRE(s.bytes_recv_max == step_most.recv);
-            REQUIRE(s.bytes_send_max == step_most.send);
-            REQUIRE(s.est_us == Approx(us_most).epsilon(1e-12));
-          }
+          require_maxima(p, false);
           ++plans;
         });
   CHECK(plans > 10000);
@@ -1072,46 +1091,9 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
         for (const Shape& shape : shapes) {
           const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape), variant);
           ++pairs;
+          require_maxima(p, true);
           Placements state = a;
-          // The plan's and each step's figures are the maxima over the ranks (the planner
-          // costs only some ranks where the others cannot cost more).
-          std::int64_t recv_most = 0, send_most = 0;
-          for (int r = 0; r < m.size(); ++r) {
-            recv_most = std::max(recv_most, rank_bytes(p, r).recv);
-            send_most = std::max(send_most, rank_bytes(p, r).send);
-          }
-          REQUIRE(p.bytes_recv_max() == recv_most);
-          REQUIRE(p.bytes_send_max() == send_most);
-          for (std::size_t i = 0; i < p.size(); ++i) {
-            const Step& s = p[i];
-            RankBytes step_most;
-            // The slowest rank's time; an exchange from a Partial's two rounds, each the
-            // slowest rank's.
-            double us_most = 0, first_most = 0, second_most = 0;
-            const bool two_rounds =
-                s.kind == K::exchange && detail::exchange_reduces(s.before, s.after);
-            for (int r = 0; r < m.size(); ++r) {
-              const RankBytes rb = step_rank_bytes(p, i, r);
-              REQUIRE(rb == reference_bytes(p.src(), s, m.coordinate(r)));
-              step_most.recv = std::max(step_most.recv, rb.recv);
-              step_most.send = std::max(step_most.send, rb.send);
-              us_most = std::max(
-                  us_most, detail::rank_step_cost(p.src(), s.before, s.after, s.kind, s.mesh_dim,
-                                                  s.padded, m.coordinate(r), p.cost_model())
-                               .us);
-              if (two_rounds) {
-                const detail::ExchangeCost e = detail::reducing_exchange_cost(
-                    p.src(), s.before, s.after, m.coordinate(r), p.cost_model());
-                first_most = std::max(first_most, e.first_round_us);
-                second_most = std::max(second_most, e.us - e.first_round_us);
-              }
-            }
-            REQUIRE(s.bytes_recv_max == step_most.recv);
-            REQUIRE(s.bytes_send_max == step_most.send);
-            if (two_rounds)
-              REQUIRE(s.est_us == Approx(first_most + second_most).epsilon(1e-12));
-            else
-              REQUIRE(s.est_us == us_most);
+          for (const Step& s : p) {
             REQUIRE(s.before == state);
             if (s.kind != K::exchange)
               REQUIRE(detail::transition_valid(s.mesh_dim, s.before, s.after));

@@ -145,28 +145,6 @@ constexpr BlockRelation block_relation(const Layout& base, const Placements& bef
   return rel;
 }
 
-// Steps that visit every coordinate (for_each_coord_while below).
-inline constexpr int every_coord[max_mesh_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
-
-// As for_each_coord_while, visiting on each mesh dim k that is not fixed only the multiples of
-// step[k]: one rank of each kind a BlockRelation tells apart, in the same order.
-template <class F>
-constexpr void for_each_coord_while(const DeviceMesh& mesh, const MeshCoord& base,
-                                    const bool* fixed, const int* step, F&& f) {
-  MeshCoord c = base;
-  for (int k = 0; k < mesh.ndim(); ++k)
-    if (!fixed[k]) c[k] = 0;
-  while (f(c)) {
-    int k = mesh.ndim() - 1;
-    for (; k >= 0; --k) {
-      if (fixed[k]) continue;
-      if ((c[k] += step[k]) < mesh.size(k)) break;
-      c[k] = 0;
-    }
-    if (k < 0) return;
-  }
-}
-
 // Values remembered per key (BlockRelation::key), the first `capacity` keys only. Only the
 // entries remembered are ever read.
 template <class V, int capacity = 32>

@@ -23,11 +23,12 @@ struct RankStepCost {
 
 constexpr std::int64_t max_of(std::int64_t a, std::int64_t b) noexcept { return a > b ? a : b; }
 
-// Visits the coordinates of the mesh that agree with `base` on every dim where `fixed[k]`,
-// and take every value on the others, while `f` returns true.
+// Visits the coordinates of the mesh that agree with `base` on every dim where `fixed[k]` and,
+// on the others, take every multiple of step[k] (BlockRelation::step), in row-major order,
+// while `f` returns true.
 template <class F>
 constexpr void for_each_coord_while(const DeviceMesh& mesh, const MeshCoord& base,
-                                    const bool* fixed, F&& f) {
+                                    const bool* fixed, const int* step, F&& f) {
   MeshCoord c = base;
   for (int k = 0; k < mesh.ndim(); ++k)
     if (!fixed[k]) c[k] = 0;
@@ -35,11 +36,21 @@ constexpr void for_each_coord_while(const DeviceMesh& mesh, const MeshCoord& bas
     int k = mesh.ndim() - 1;
     for (; k >= 0; --k) {
       if (fixed[k]) continue;
-      if (++c[k] < mesh.size(k)) break;
+      if ((c[k] += step[k]) < mesh.size(k)) break;
       c[k] = 0;
     }
     if (k < 0) return;
   }
+}
+
+// Steps that visit every coordinate.
+inline constexpr int every_coord[max_mesh_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
+
+// As above, taking every value on the dims that are not fixed.
+template <class F>
+constexpr void for_each_coord_while(const DeviceMesh& mesh, const MeshCoord& base,
+                                    const bool* fixed, F&& f) {
+  for_each_coord_while(mesh, base, fixed, every_coord, f);
 }
 
 // As for_each_coord_while, never stopping early.
