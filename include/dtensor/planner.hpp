@@ -1006,15 +1006,21 @@ struct plan_builder {
           same[k] = !s.before[k].is_shard() && !s.after[k].is_shard();
           visited *= same[k] ? 1 : mesh.size(k);
         }
-        // On more than 8 ranks, one block pair of each kind (the step is no all-reduce).
-        if (visited > 8 &&
-            for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
-              s.padded = s.padded ||
-                         padded.us < rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                                    false, origin, have, want, o.cost_model)
-                                         .us;
-            }))
-          continue;
+        // On more than 8 ranks: the origin first (often its exact time decides), then one block
+        // pair of each kind (the step is no all-reduce).
+        if (visited > 8) {
+          s.padded = padded.us < rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false,
+                                                origin, o.cost_model)
+                                     .us;
+          if (s.padded ||
+              for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
+                s.padded = s.padded ||
+                           padded.us < rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                      false, origin, have, want, o.cost_model)
+                                           .us;
+              }))
+            continue;
+        }
         for_each_coord_while(mesh, origin, same, [&](const MeshCoord& c) {
           const double exact =
               rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
@@ -1200,6 +1206,15 @@ struct plan_builder {
       if (varying_steps == 1 && visited > 8 && plan.steps_[varying].kind != StepKind::exchange &&
           plan.steps_[varying].kind != StepKind::all_reduce) {
         Step& s = plan.steps_[varying];
+        // The origin first, where a losing plan usually loses (its pieces are the largest).
+        const RankStepCost first = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                  s.padded, origin, o.cost_model);
+        double us = first.us;
+        for (const Step& t : plan.steps_) us += &t == &s ? 0 : t.est_us;
+        if (loses_at(bytes_add(uniform_total.recv, first.bytes.recv), us)) {
+          plan.pruned_ = true;
+          return;
+        }
         by_kind =
             for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
               const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
@@ -1211,7 +1226,7 @@ struct plan_builder {
         if (by_kind) {
           plan.bytes_recv_max_ = bytes_add(uniform_total.recv, s.bytes_recv_max);
           plan.bytes_send_max_ = bytes_add(uniform_total.send, s.bytes_send_max);
-          double us = 0;
+          us = 0;
           for (const Step& t : plan.steps_) us += t.est_us;
           if (loses_at(plan.bytes_recv_max_, us)) {
             plan.pruned_ = true;
