@@ -46,6 +46,30 @@ static_assert(plan_redistribute(uneven("S(0),R"), uneven("R,S(1)")).bytes_recv_m
               plan_redistribute(uneven("S(0),R"), uneven("R,S(1)")).lower_bound_bytes_recv_max());
 static_assert(plan_redistribute(uneven("P,S(0)"), uneven("S(1),S(0)")).size() >= 1);
 
+// On more than 8 ranks the planner costs one rank of each kind: an exchange between even layouts
+// whose cuts nest (BlockRelation), uneven collectives by their blocks' extents
+// (for_each_block_shape). The same figures at compile time.
+constexpr Layout on16(const char* placements, Shape s = {64, 64}) {
+  return {DeviceMesh({4, 4}), parse_placements(placements), s};
+}
+static_assert(plan_redistribute(on16("S(0),R"), on16("R,S(0)")).size() == 1);
+static_assert(plan_redistribute(on16("S(0),R"), on16("R,S(0)")).bytes_recv_max() ==
+              64 * 64 * 4 / 4);
+// The figures are the maxima over every rank.
+constexpr bool reports_maxima(const Plan& p) {
+  std::int64_t recv = 0, send = 0;
+  for (int r = 0; r < p.src().mesh().size(); ++r) {
+    recv = rank_bytes(p, r).recv > recv ? rank_bytes(p, r).recv : recv;
+    send = rank_bytes(p, r).send > send ? rank_bytes(p, r).send : send;
+  }
+  return recv == p.bytes_recv_max() && send == p.bytes_send_max();
+}
+static_assert(reports_maxima(plan_redistribute(on16("S(0),R"), on16("R,S(0)"))));
+static_assert(reports_maxima(plan_redistribute(on16("S(0),S(1)", {7, 10}),
+                                               on16("R,S(1)", {7, 10}))));
+static_assert(reports_maxima(plan_redistribute(on16("S(1),S(0)", {7, 10}),
+                                               on16("S(0),S(1)", {7, 10}))));
+
 // An exchange into a Partial: the two ranks of each column group of (P(sum), S(1)) hold the
 // same rows and split the rows they lack, a quarter of the block each, the bound.
 constexpr PlanOptions fewest_bytes{.objective = Objective::bytes};
