@@ -32,6 +32,9 @@ const Case cases[] = {
     {"8x128", "S(0),R", "R,S(1)", {8192, 8192}},
     {"16x64", "S(0),R", "R,S(0)", {8192, 8192}},
     {"8x128", "S(0),S(1)", "S(1),S(0)", {8192, 8192}},
+    // Uneven on large meshes: every rank whose blocks differ is costed.
+    {"16x64", "S(0),R", "R,S(0)", {8190, 8192}},
+    {"32x32", "S(1),P", "S(0),P(max)", {1024, 100}},
 };
 
 void plan_case(benchmark::State& state) {
