@@ -735,11 +735,8 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
   // An all-reduce costs the origin the most (plan_builder::costs_most_at_origin).
   const bool one =
       kind == StepKind::all_reduce || (is_even(base, before) && is_even(base, to_state));
-  int visited = 1;
-  for (int j = 0; j < mesh.ndim(); ++j) {
+  for (int j = 0; j < mesh.ndim(); ++j)
     fixed[j] = one || (!before[j].is_shard() && !to_state[j].is_shard());
-    visited *= fixed[j] ? 1 : mesh.size(j);
-  }
   double most = 0;
   const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
   auto consider = [&](const MeshCoord& c, const Box& have, const Box& want) {
@@ -751,7 +748,7 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
   };
   // On more than 8 ranks, one block pair of each kind (the step is no all-reduce here: what it
   // costs a rank depends on its blocks' extents and overlaps alone).
-  if (visited > 8 &&
+  if (visited_coords(mesh, fixed) > 8 &&
       for_each_block_shape(base, before, to_state,
                            [&](const Box& have, const Box& want) { consider(origin, have, want); }))
     return most;
@@ -1001,14 +998,11 @@ struct plan_builder {
         const RankStepCost padded =
             rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, origin, o.cost_model);
         bool same[max_mesh_dims] = {};
-        int visited = 1;
-        for (int k = 0; k < mesh.ndim(); ++k) {
+        for (int k = 0; k < mesh.ndim(); ++k)
           same[k] = !s.before[k].is_shard() && !s.after[k].is_shard();
-          visited *= same[k] ? 1 : mesh.size(k);
-        }
         // On more than 8 ranks: the origin first (often its exact time decides), then one block
         // pair of each kind (the step is no all-reduce).
-        if (visited > 8) {
+        if (visited_coords(mesh, same) > 8) {
           s.padded = padded.us < rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false,
                                                 origin, o.cost_model)
                                      .us;
@@ -1123,8 +1117,7 @@ struct plan_builder {
       // relate alike (BlockRelation): one rank of each kind is costed.
       std::size_t related_step = plan.steps_.size();
       BlockRelation relation;
-      int visited = 1;
-      for (int k = 0; k < mesh.ndim(); ++k) visited *= fixed[k] ? 1 : mesh.size(k);
+      const int visited = visited_coords(mesh, fixed);
       for (std::size_t i = 0; i < plan.steps_.size() && visited > 4; ++i) {
         const Step& s = plan.steps_[i];
         if (s.kind == StepKind::exchange && !uniform[i] && i != partial_step && even[i] &&
@@ -1191,17 +1184,15 @@ struct plan_builder {
         plan.bytes_send_max_ = max_of(plan.bytes_send_max_, total.send);
         return true;
       };
-      // Where that exchange is the only step whose cost varies, one rank of each kind speaks
-      // for its kind (the maxima are the plan's figures).
-      bool only_related = related_step < plan.steps_.size();
-      for (std::size_t i = 0; i < plan.steps_.size() && only_related; ++i)
-        only_related = i == related_step || !moves_data(plan.steps_[i].kind) || uniform[i];
-      // A collective (no all-reduce, no exchange) that is the only step whose cost varies, on
-      // more than 8 ranks: one block pair of each kind speaks for the ranks of its kind.
+      // The steps whose cost varies. Where only that exchange does, one rank of each kind speaks
+      // for its kind (the maxima are the plan's figures). Where only a collective (no
+      // all-reduce) does, on more than 8 ranks, one block pair of each kind speaks for the ranks
+      // of its kind.
       std::size_t varying = plan.steps_.size();
       int varying_steps = 0;
       for (std::size_t i = 0; i < plan.steps_.size(); ++i)
         if (moves_data(plan.steps_[i].kind) && !uniform[i]) varying = i, ++varying_steps;
+      const bool only_related = varying_steps == 1 && varying == related_step;
       bool by_kind = false;
       if (varying_steps == 1 && visited > 8 && plan.steps_[varying].kind != StepKind::exchange &&
           plan.steps_[varying].kind != StepKind::all_reduce) {
@@ -1652,20 +1643,15 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   };
   // Between even layouts whose cuts nest, ranks whose blocks relate alike lack alike
   // (BlockRelation): one of each kind is visited, the first in the order of all.
-  int visited = 1;
-  for (int k = 0; k < mesh.ndim(); ++k) visited *= fixed[k] ? 1 : mesh.size(k);
   BlockRelation relation;
-  if (blocks_only && visited > 16)
+  if (blocks_only && visited_coords(mesh, fixed) > 16)
     relation = block_relation(src, src.placements(), dst.placements());
   if (relation.usable) {
     KeyedMemo<std::int64_t> lacks;
     for_each_coord_while(mesh, out.busiest, fixed, relation.step, [&](const MeshCoord& c) {
-      const std::uint64_t key = relation.key(c);
-      const std::int64_t* known = lacks.find(key);
-      if (known != nullptr) return visit(c, *known);
-      const std::int64_t e = missing_elements(src, src.placements(), dst.placements(), c);
-      lacks.remember(key, e);
-      return visit(c, e);
+      return visit(c, lacks.value(relation.key(c), [&] {
+        return missing_elements(src, src.placements(), dst.placements(), c);
+      }));
     });
   } else {
     for_each_coord(mesh, out.busiest, fixed, [&](const MeshCoord& c) {

@@ -1,6 +1,9 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <numeric>
 #include <type_traits>
 
 #include "../config.hpp"
@@ -98,13 +101,8 @@ constexpr BlockRelation block_relation(const Layout& base, const Placements& bef
   }
   for (int d = 0; d < nd; ++d) {
     std::int64_t* s = sizes[d];
-    // Largest first (insertion sort of at most 17), each dividing the one before.
-    for (int i = 1; i < count[d]; ++i)
-      for (int j = i; j > 0 && s[j] > s[j - 1]; --j) {
-        const std::int64_t t = s[j];
-        s[j] = s[j - 1];
-        s[j - 1] = t;
-      }
+    // Largest first, each dividing the one before.
+    std::sort(s, s + count[d], std::greater<>());
     const std::int64_t finest = piece_before[d] > piece_after[d] ? piece_before[d] : piece_after[d];
     std::int64_t larger = s[0];
     for (int i = 1; i < count[d]; ++i) {
@@ -132,14 +130,9 @@ constexpr BlockRelation block_relation(const Layout& base, const Placements& bef
   };
   for (int k = 0; k < n; ++k) {
     const int g = mesh.size(k);
-    std::int64_t a = counts_below(rel.dim_before[k], rel.stride_before[k], g);
-    std::int64_t b = counts_below(rel.dim_after[k], rel.stride_after[k], g);
-    while (b != 0) {  // their greatest common divisor
-      const std::int64_t t = a % b;
-      a = b;
-      b = t;
-    }
-    rel.step[k] = static_cast<int>(a);
+    rel.step[k] =
+        static_cast<int>(std::gcd(counts_below(rel.dim_before[k], rel.stride_before[k], g),
+                                  counts_below(rel.dim_after[k], rel.stride_after[k], g)));
   }
   rel.usable = true;
   return rel;
@@ -166,6 +159,14 @@ struct KeyedMemo {
     keys[size] = key;
     values[size] = value;
     ++size;
+  }
+  // The value remembered for `key`; else compute(), remembered.
+  template <class Compute>
+  constexpr V value(std::uint64_t key, Compute&& compute) {
+    if (const V* known = find(key)) return *known;
+    const V v = compute();
+    remember(key, v);
+    return v;
   }
 };
 

@@ -4,6 +4,7 @@
 
 #include "../config.hpp"
 #include "../layout.hpp"
+#include "step_cost.hpp"
 
 // The kinds of block pair that the ranks of a mesh hold under two placements, told apart by
 // their extents and overlaps alone: what a collective step costs a rank depends on nothing else,
@@ -29,7 +30,7 @@ template <class F>
 constexpr bool for_each_block_shape(const Layout& base, const Placements& before,
                                     const Placements& after, F&& f) {
   constexpr int max_kinds = 16;
-  constexpr std::int64_t max_visits = 4096;
+  constexpr int max_visits = 4096;
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim(), nd = base.tensor_ndim();
   // The group of each tensor dim: the smallest dim linked to it.
@@ -45,7 +46,8 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
   // Each group's kinds: kinds[g] of them, kind t's extents along dim d at extents[d][t].
   int kinds[max_tensor_dims] = {};
   DimExtents extents[max_tensor_dims][max_kinds];
-  // Per tensor dim, the mesh dims that cut it before and after, in mesh order.
+  // Per tensor dim, the mesh dims that cut it before and after, in mesh order: a rank's ranges
+  // as held_ranges (planner.hpp) cuts them, without asking every mesh dim at every coordinate.
   int cuts_before[max_tensor_dims][max_mesh_dims];
   int cuts_after[max_tensor_dims][max_mesh_dims];
   int n_before[max_tensor_dims] = {}, n_after[max_tensor_dims] = {};
@@ -53,39 +55,35 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
     if (before[k].is_shard()) cuts_before[before[k].dim()][n_before[before[k].dim()]++] = k;
     if (after[k].is_shard()) cuts_after[after[k].dim()][n_after[after[k].dim()]++] = k;
   }
+  auto cut = [&](Range r, const int* cuts, int count, const MeshCoord& c) {
+    for (int j = 0; j < count; ++j) {
+      const int k = cuts[j];
+      const Range piece = chunk_range(r.size, mesh.size(k), c[k], base.policy());
+      r = {r.start + piece.start, piece.size};
+    }
+    return r;
+  };
+  const MeshCoord origin(static_cast<std::size_t>(n), 0);
   for (int g = 0; g < nd; ++g) {
     if (group[g] != g) continue;
     int dims[max_tensor_dims];
     int ndims = 0;
     for (int d = 0; d < nd; ++d)
       if (group[d] == g) dims[ndims++] = d;
-    bool varies[max_mesh_dims] = {};
-    std::int64_t visits = 1;
-    for (int i = 0; i < ndims; ++i) {
-      for (int j = 0; j < n_before[dims[i]]; ++j) varies[cuts_before[dims[i]][j]] = true;
-      for (int j = 0; j < n_after[dims[i]]; ++j) varies[cuts_after[dims[i]][j]] = true;
-    }
-    for (int k = 0; k < n; ++k) {
-      if (varies[k]) visits *= mesh.size(k);
-      if (visits > max_visits) return false;
-    }
-    MeshCoord c(static_cast<std::size_t>(n), 0);
-    while (true) {
-      // This coordinate's extents along the group's dims.
-      DimExtents mine[max_tensor_dims];
+    // The group's coordinates: those on the mesh dims that cut one of its dims.
+    bool fixed[max_mesh_dims] = {};
+    for (int k = 0; k < n; ++k)
+      fixed[k] = !(before[k].is_shard() && group[before[k].dim()] == g) &&
+                 !(after[k].is_shard() && group[after[k].dim()] == g);
+    if (visited_coords(mesh, fixed) > max_visits) return false;
+    bool fits = true;
+    for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
+      DimExtents mine[max_tensor_dims];  // the group's dims, in `dims` order
       for (int i = 0; i < ndims; ++i) {
         const int d = dims[i];
-        Range rb{0, base.global_shape()[d]}, ra = rb;
-        for (int j = 0; j < n_before[d]; ++j) {
-          const int k = cuts_before[d][j];
-          const Range r = chunk_range(rb.size, mesh.size(k), c[k], base.policy());
-          rb = {rb.start + r.start, r.size};
-        }
-        for (int j = 0; j < n_after[d]; ++j) {
-          const int k = cuts_after[d][j];
-          const Range r = chunk_range(ra.size, mesh.size(k), c[k], base.policy());
-          ra = {ra.start + r.start, r.size};
-        }
+        const Range whole{0, base.global_shape()[d]};
+        const Range rb = cut(whole, cuts_before[d], n_before[d], c);
+        const Range ra = cut(whole, cuts_after[d], n_after[d], c);
         const std::int64_t lo = rb.start > ra.start ? rb.start : ra.start;
         const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
         const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
@@ -100,19 +98,13 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
                   e.overlap == mine[i].overlap;
         }
       }
-      if (!known) {
-        if (kinds[g] == max_kinds) return false;
-        for (int i = 0; i < ndims; ++i) extents[dims[i]][kinds[g]] = mine[i];
-        ++kinds[g];
-      }
-      int k = n - 1;
-      for (; k >= 0; --k) {
-        if (!varies[k]) continue;
-        if (++c[k] < mesh.size(k)) break;
-        c[k] = 0;
-      }
-      if (k < 0) break;
-    }
+      if (known) return true;
+      if (kinds[g] == max_kinds) return fits = false;
+      for (int i = 0; i < ndims; ++i) extents[dims[i]][kinds[g]] = mine[i];
+      ++kinds[g];
+      return true;
+    });
+    if (!fits) return false;
   }
   // Every combination of the groups' kinds: boxes from 0 before and, after, overlapping by the
   // kind's overlap.

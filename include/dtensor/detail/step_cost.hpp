@@ -53,6 +53,14 @@ constexpr void for_each_coord_while(const DeviceMesh& mesh, const MeshCoord& bas
   for_each_coord_while(mesh, base, fixed, every_coord, f);
 }
 
+// How many coordinates for_each_coord_while visits: the product of the sizes of the mesh dims
+// that are not fixed.
+constexpr int visited_coords(const DeviceMesh& mesh, const bool* fixed) {
+  int n = 1;
+  for (int k = 0; k < mesh.ndim(); ++k) n *= fixed[k] ? 1 : mesh.size(k);
+  return n;
+}
+
 // As for_each_coord_while, never stopping early.
 template <class F>
 constexpr void for_each_coord(const DeviceMesh& mesh, const MeshCoord& base, const bool* fixed,
