@@ -1186,6 +1186,37 @@ TEST_CASE("seed 002: sequence-parallel all-to-all and split/gather with grad_sca
   CHECK(kinds(plan_adjoint(replicated, by_seq)) == std::vector{K::fill});
 }
 
+TEST_CASE("a reduction before an exchange may all-reduce where the target shards", "[planner]") {
+  // (P, S(0)) -> (S(0), S(0)) on 2x4: the reduce-scatter to the target's S(0) cannot run on mesh
+  // dim 0 while mesh dim 1 shards tensor dim 0 inside it; an all-reduce there, then an
+  // exchange, receives 192 B where the collectives receive 640 B, in less time.
+  const DeviceMesh m({2, 4});
+  const Plan p = plan_redistribute(layout(m, "P,S(0)", {8, 16}), layout(m, "S(0),S(0)", {8, 16}));
+  INFO(explain(p));
+  CHECK(kinds(p) == std::vector<K>{K::all_reduce, K::exchange});
+  CHECK(p.bytes_recv_max() == 192);
+  const Plan collectives = plan_redistribute(layout(m, "P,S(0)", {8, 16}),
+                                             layout(m, "S(0),S(0)", {8, 16}), collectives_only);
+  CHECK(collectives.bytes_recv_max() == 640);
+  CHECK(p.est_us() < collectives.est_us());
+  // On 128 and 256 ranks (beyond 64 choices only the natural one is tried, and a reduce-scatter
+  // that cannot run there all-reduces instead) the bytes objective reduces, then exchanges:
+  // 40 KiB, where it gathered up to the whole 256 KiB tensor.
+  const PlanOptions bytes{.objective = Objective::bytes};
+  const DeviceMesh m7({2, 2, 2, 2, 2, 2, 2}), m8({2, 2, 2, 2, 2, 2, 2, 2});
+  const Plan p7 = plan_redistribute(layout(m7, "S(0),S(1),P,R,S(0),S(1),P", {256, 256}),
+                                    layout(m7, "R,S(0),S(1),S(0),R,R,S(1)", {256, 256}), bytes);
+  const Plan p8 = plan_redistribute(layout(m8, "S(0),S(1),P,R,S(0),S(1),P,R", {256, 256}),
+                                    layout(m8, "R,S(0),S(1),S(0),R,R,S(1),P", {256, 256}), bytes);
+  for (const Plan* q : {&p7, &p8}) {
+    INFO(explain(*q));
+    const std::vector<K> ks = kinds(*q);
+    CHECK(q->bytes_recv_max() == 40 * 1024);
+    CHECK(ks[0] == K::all_reduce);
+    CHECK(std::count(ks.begin(), ks.end(), K::exchange) == 1);
+  }
+}
+
 TEST_CASE("plans on meshes of 1 to 8 dims", "[planner]") {
   for (int n = 1; n <= max_mesh_dims; ++n) {
     MeshShape extents(static_cast<std::size_t>(n), 2);

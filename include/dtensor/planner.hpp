@@ -1414,7 +1414,8 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
 // of their classes exchanges its part among itself); then the target's Partial dims are made
 // locally (S or R to P), innermost first, from the intermediate's placement there: the
 // source's, or some S(d) so that the group splits the work. Every combination is tried while
-// there are at most 64; beyond that only the natural one (the target's shard, else R; no chunk;
+// there are at most 64 (a reduction's choices: R and every S(d)); beyond that only the natural
+// one (the target's shard, else R, or R where that shard cannot be scattered there; no chunk;
 // the source's placement).
 constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
                              const MeshCoord& probe, Plan& best, bool from_partial) {
@@ -1471,12 +1472,19 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   int last_change = -1;
   for (int combo = 0; combo < combos; ++combo) {
     int rest = combo, weight = 1, same_as = combo;
-    auto pick = [&](const Placement& natural) {
+    // `alternative`: what the choice of S(d) takes where S(d) is the natural placement (a
+    // reduction's Replicate); none: that choice repeats choice 0.
+    auto pick = [&](const Placement& natural, const Placement* alternative = nullptr) {
       if (!all) return natural;
       const int choice = rest % choices;
       rest /= choices;
-      const Placement picked = choice == 0 ? natural : Placement::shard(choice - 1);
-      if (choice != 0 && picked == natural) same_as -= choice * weight;
+      Placement picked = choice == 0 ? natural : Placement::shard(choice - 1);
+      if (choice != 0 && picked == natural) {
+        if (alternative != nullptr)
+          picked = *alternative;
+        else
+          same_as -= choice * weight;
+      }
       weight *= choices;
       return picked;
     };
@@ -1491,7 +1499,13 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     }
     for (int i = 0; i < num_reduced; ++i) {
       const int k = reduced[i];
-      const Placement to = pick(b[k].is_shard() ? b[k] : Placement::replicate());
+      // A reduction to the target's shard, or to Replicate, or to another shard. Where only the
+      // natural choice is tried, one that cannot run here (a later mesh dim shards its tensor
+      // dim) all-reduces instead.
+      const Placement natural = b[k].is_shard() ? b[k] : Placement::replicate();
+      const Placement replicate = Placement::replicate();
+      Placement to = pick(natural, &replicate);
+      if (!all && !transition_valid_to(k, mid, to)) to = replicate;
       prefix.push_back({k, a[k], to});
       mid[k] = to;
     }
