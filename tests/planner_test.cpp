@@ -1217,6 +1217,29 @@ TEST_CASE("a reduction before an exchange may all-reduce where the target shards
   }
 }
 
+TEST_CASE("mixed Partial ops where a kept inner shard blocks a made Partial", "[planner]") {
+  // (P(sum), S(0), S(0), R) -> (P(sum), P(max), S(0), P(sum)) on 2x2x2x2: P(max) on mesh dim 1
+  // is made from its S(0), which mesh dim 2's S(0) (kept) nests inside; and the target's sum
+  // outside the max does not commute with it. Every pair of {R, S(0), P(sum), P(max)} on
+  // 2x2x2x2 has a plan (64 of them had none: "the planner found no valid plan"), a chain of
+  // valid steps from the source to the target.
+  const Placement options[] = {Replicate(), Shard(0), Partial(), Partial(ReduceOp::max)};
+  const DeviceMesh m({2, 2, 2, 2});
+  int pairs = 0;
+  testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+    const Plan p = plan_redistribute(Layout(m, a, {8}), Layout(m, b, {8}));
+    Placements state = a;
+    for (const Step& s : p) {
+      REQUIRE(s.before == state);
+      REQUIRE((s.kind == K::exchange || detail::transition_valid(s.mesh_dim, s.before, s.after)));
+      state = s.after;
+    }
+    REQUIRE(state == b);
+    ++pairs;
+  });
+  CHECK(pairs > 0);
+}
+
 TEST_CASE("plans on meshes of 1 to 8 dims", "[planner]") {
   for (int n = 1; n <= max_mesh_dims; ++n) {
     MeshShape extents(static_cast<std::size_t>(n), 2);

@@ -222,7 +222,20 @@ constexpr Transitions reduce_all_first(const Placements& src, const Placements& 
       if (i != pick) rest_pending.push_back(pending[i]);
     pending = rest_pending;
   }
-  return ts;  // when something could not be placed, not a plan to dst: the builder prunes it
+  if (pending.empty()) return ts;
+  // Stuck: a shard the target keeps on an inner mesh dim blocks a Partial made from an outer
+  // shard of the same tensor dim, e.g. (P(sum), S(0), S(0)) -> (P(sum), P(max), S(0)). Then
+  // every shard is gathered, innermost first, the target's shards are cut outermost first and
+  // its Partials made innermost first, all from Replicate: each step is valid, as nothing
+  // outside a made Partial is Partial yet and nothing inside a cut shard is sharded yet.
+  ts = reductions;
+  for (int k = static_cast<int>(mid.size()); k-- > 0;)
+    if (mid[k].is_shard()) ts.push_back({k, mid[k], Placement::replicate()});
+  for (int k = 0; k < static_cast<int>(dst.size()); ++k)
+    if (dst[k].is_shard()) ts.push_back({k, Placement::replicate(), dst[k]});
+  for (int k = static_cast<int>(dst.size()); k-- > 0;)
+    if (dst[k].is_partial()) ts.push_back({k, Placement::replicate(), dst[k]});
+  return ts;
 }
 
 // The greedy sequence with S(i) -> R ... R -> S(j) pairs on one mesh dim turned into one

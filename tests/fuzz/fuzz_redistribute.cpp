@@ -61,13 +61,16 @@ constexpr std::int64_t max_check_ranks = 64;  // per-rank byte totals recomputed
   std::abort();
 }
 
-// f() or nothing when it throws dtensor::error; any other exception breaks the contract.
+// f() or nothing when it throws dtensor::error about the input; any other exception, or an
+// "internal error" (the library's own failure, not the input's), breaks the contract.
 template <class F>
 auto guarded(std::string_view stage, std::string_view context, F&& f)
     -> std::optional<decltype(f())> {
   try {
     return f();
-  } catch (const dtensor::error&) {
+  } catch (const dtensor::error& e) {
+    if (std::string_view(e.what()).starts_with("internal error"))
+      violation(fmt::format("{} failed: {}", stage, e.what()), context);
     return std::nullopt;
   } catch (const std::exception& e) {
     violation(fmt::format("{} threw a non-dtensor exception: {}", stage, e.what()), context);
