@@ -1,8 +1,14 @@
 #include <catch2/catch.hpp>
 
+// Before dtensor, as a program that formats its own ranges may include it.
+#include <fmt/ranges.h>
+
 #include <dtensor/dtensor.hpp>
 
 #include <fmt/format.h>
+
+#include <string>
+#include <vector>
 
 using namespace dtensor;
 
@@ -19,6 +25,15 @@ TEST_CASE("formatters print the spellings the parser reads", "[format]") {
   CHECK(parse_placements(fmt::format("{}", ps)) == ps);
   CHECK(fmt::format("{}", Shape{1024, 4096}) == "[1024, 4096]");
   CHECK(fmt::format("{}", MeshCoord{0, 1}) == "[0, 1]");
+}
+
+TEST_CASE("fmt/ranges.h formats other ranges and leaves dtensor's to dtensor", "[format]") {
+  CHECK(fmt::format("{} {}", std::vector<int>{1, 2}, Shape{3, 4}) == "[1, 2] [3, 4]");
+  CHECK(fmt::format("{}", Placements{Shard(0), Partial()}) == "[S(0), P(sum)]");
+  const DeviceMesh m({4});
+  const Plan p = plan_redistribute(Layout(m, {Shard(0)}, {8}, DType::f32),
+                                   Layout(m, {Replicate()}, {8}, DType::f32));
+  CHECK(fmt::format("{}", p).rfind("[S(0)] -> [R]: 1 steps", 0) == 0);
 }
 
 TEST_CASE("meshes, groups, boxes and layouts", "[format]") {

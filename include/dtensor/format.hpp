@@ -1,6 +1,7 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstddef>
 #include <iterator>
@@ -144,6 +145,15 @@ struct text_formatter : fmt::formatter<std::string_view> {
 };
 
 }  // namespace dtensor::detail
+
+// Shapes, placement lists and plans are ranges too: fmt/ranges.h (which a program may include
+// before or after dtensor) leaves them to the formatters below.
+template <class T, std::size_t N>
+struct fmt::range_format_kind<dtensor::detail::static_vector<T, N>, char>
+    : std::integral_constant<fmt::range_format, fmt::range_format::disabled> {};
+template <>
+struct fmt::range_format_kind<dtensor::Plan, char>
+    : std::integral_constant<fmt::range_format, fmt::range_format::disabled> {};
 
 template <>
 struct fmt::formatter<dtensor::ReduceOp> : dtensor::detail::text_formatter<dtensor::ReduceOp> {};
