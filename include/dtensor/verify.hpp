@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -228,36 +229,57 @@ void check_typed(const Plan& plan, const std::vector<std::vector<T>>& given,
       members = next;
     }
     const auto count = static_cast<std::size_t>(box.numel());
-    std::vector<std::vector<double>> values;
+    // Each member's values and, reduced alongside them, their magnitudes: a sum's rounding
+    // error grows with the sum of its parts' magnitudes, not with its value (parts of a
+    // Replicate divided by 3 in bf16, say, each rounded, reduce to a value much smaller).
+    std::vector<std::vector<double>> values, magnitudes;
     for (const MeshCoord& m : members) {
       const auto& o = out[static_cast<std::size_t>(mesh.index(m))];
-      std::vector<double> v(count);
-      for (std::size_t e = 0; e < count; ++e) v[e] = double(widen(o[e]));
+      std::vector<double> v(count), a(count);
+      for (std::size_t e = 0; e < count; ++e) {
+        v[e] = double(widen(o[e]));
+        a[e] = std::abs(v[e]);
+      }
       values.push_back(std::move(v));
+      magnitudes.push_back(std::move(a));
     }
     std::size_t stride = values.size();
     for (int k = 0; k < mesh.ndim(); ++k) {
       if (!dst.placement(k).is_partial()) continue;
       const auto g = static_cast<std::size_t>(mesh.size(k));
       const ReduceOp op = dst.placement(k).reduce_op();
+      // The magnitude a reduction's rounding scales with: summed for sum and avg, multiplied
+      // for product, the largest for max and min (the result is one of the parts).
+      const ReduceOp magnitude_op = op == ReduceOp::avg   ? ReduceOp::sum
+                                    : op == ReduceOp::min ? ReduceOp::max
+                                                          : op;
       stride /= g;
-      std::vector<std::vector<double>> reduced;
+      std::vector<std::vector<double>> reduced, reduced_magnitudes;
       for (std::size_t start = 0; start < values.size(); start += g * stride)
         for (std::size_t s = 0; s < stride; ++s) {
-          std::vector<double> acc = values[start + s];
+          std::vector<double> acc = values[start + s], mag = magnitudes[start + s];
           for (std::size_t j = 1; j < g; ++j)
-            for (std::size_t e = 0; e < count; ++e)
+            for (std::size_t e = 0; e < count; ++e) {
               acc[e] = combine(acc[e], values[start + j * stride + s][e], op);
+              mag[e] = combine(mag[e], magnitudes[start + j * stride + s][e], magnitude_op);
+            }
           if (op == ReduceOp::avg)
-            for (double& a : acc) a /= double(g);
+            for (std::size_t e = 0; e < count; ++e) {
+              acc[e] /= double(g);
+              mag[e] /= double(g);
+            }
           reduced.push_back(std::move(acc));
+          reduced_magnitudes.push_back(std::move(mag));
         }
       values = std::move(reduced);
+      magnitudes = std::move(reduced_magnitudes);
     }
     for_each_element(global, box, [&](std::int64_t linear, std::int64_t at) {
       const double got = values[0][static_cast<std::size_t>(at)],
-                   want = global_view_value<T>(linear);
-      if (std::abs(got - want) > tolerance * (std::abs(want) > 1 ? std::abs(want) : 1.0))
+                   want = global_view_value<T>(linear),
+                   scale =
+                       std::max({std::abs(want), magnitudes[0][static_cast<std::size_t>(at)], 1.0});
+      if (std::abs(got - want) > tolerance * scale)
         differ("rank " + std::to_string(mesh.rank(c)) + " holds " + std::to_string(got) +
                " where the target has " + std::to_string(want) + " (global element " +
                std::to_string(linear) + ")");
