@@ -6,6 +6,8 @@
 #include <dtensor/execute.hpp>
 #include <dtensor/verify.hpp>
 
+#include "run_against_simulator.hpp"
+
 #include <fmt/core.h>
 
 #include <cmath>
@@ -21,62 +23,6 @@ struct Case {
   std::string_view mesh, from, to;
   Objective objective = Objective::time;
 };
-
-// Runs one case; on rank 0 returns what differs ("" when nothing). `stats` (when given) gets
-// this rank's.
-template <class T>
-std::string run(const Layout& src, const Layout& dst, MpiBackend& backend,
-                ExecuteStats* stats = nullptr, Objective objective = Objective::time) {
-  const Plan plan = plan_redistribute(src, dst, {.objective = objective});
-  const int rank = backend.rank();
-  const DeviceMesh& mesh = src.mesh();
-  const std::vector<T> in = global_view_block<T>(src, rank);
-  std::vector<T> out(static_cast<std::size_t>(dst.local_numel(rank)));
-  std::string problem;
-  ExecuteStats held;
-  try {
-    execute(plan, backend, std::span<const T>(in), std::span<T>(out), &held);
-  } catch (const std::exception& e) {
-    problem = fmt::format("rank {} threw: {}", rank, e.what());
-  }
-  if (stats != nullptr) *stats = held;
-  // Exactly the scratch the executor plans for this rank on MPI (blocks in the target, steps
-  // in place, strided pieces).
-  const std::int64_t planned = detail::rank_workspace_bytes(
-      plan, mesh.coordinate(rank), 0, detail::abilities_of<detail::Link<MpiBackend>>);
-  if (problem.empty() && held.scratch_peak_bytes != planned)
-    problem = fmt::format("rank {} held {} scratch bytes, planned {}", rank,
-                          held.scratch_peak_bytes, planned);
-  // Gather every rank's result on rank 0, in mesh order.
-  const int mine = static_cast<int>(out.size() * sizeof(T));
-  std::vector<int> sizes(static_cast<std::size_t>(mesh.size())), offsets(sizes.size());
-  MPI_Gather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, MPI_COMM_WORLD);
-  int total = 0;
-  for (std::size_t i = 0; i < sizes.size(); ++i) offsets[i] = total, total += sizes[i];
-  std::vector<std::byte> all(static_cast<std::size_t>(rank == 0 ? total : 0));
-  MPI_Gatherv(out.data(), mine, MPI_BYTE, all.data(), sizes.data(), offsets.data(), MPI_BYTE, 0,
-              MPI_COMM_WORLD);
-  if (rank != 0) return problem;
-  const Verification reference = verify_on_simulator(plan);
-  if (!reference.verified) return "the simulated reference fails: " + reference.difference;
-  const double tolerance = src.dtype() == DType::bf16 ? 1e-2 : is_floating(src.dtype()) ? 1e-6 : 0;
-  for (int i = 0; i < mesh.size() && problem.empty(); ++i) {
-    const auto& want = reference.results[static_cast<std::size_t>(i)];
-    if (want.size() != static_cast<std::size_t>(sizes[static_cast<std::size_t>(i)]))
-      return fmt::format("rank {} returned {} bytes, expected {}", i,
-                         sizes[static_cast<std::size_t>(i)], want.size());
-    const auto* got = reinterpret_cast<const T*>(all.data() + offsets[static_cast<std::size_t>(i)]);
-    const auto* exp = reinterpret_cast<const T*>(want.data());
-    for (std::size_t e = 0; e < want.size() / sizeof(T); ++e) {
-      const double a = double(detail::widen(got[e])), b = double(detail::widen(exp[e]));
-      if (std::abs(a - b) > tolerance * std::max(1.0, std::abs(b))) {
-        problem = fmt::format("rank {} element {}: MPI {} vs simulated {}", i, e, a, b);
-        break;
-      }
-    }
-  }
-  return problem;
-}
 
 }  // namespace
 
@@ -131,8 +77,10 @@ int main(int argc, char** argv) {
           continue;
         const Layout src(mesh, parse_placements(c.from), shape, dtype);
         const Layout dst(mesh, parse_placements(c.to), shape, dtype);
-        const std::string problem = detail::visit_dtype(
-            dtype, [&]<class T>() { return run<T>(src, dst, backend, nullptr, c.objective); });
+        const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
+          return testing::run_against_simulator<T>(src, dst, backend, nullptr,
+                                                   {.objective = c.objective});
+        });
         int bad = problem.empty() ? 0 : 1, any = 0;
         MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         if (any) {
@@ -170,8 +118,9 @@ int main(int argc, char** argv) {
       const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
       const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
       ExecuteStats stats;
-      std::string problem =
-          detail::visit_dtype(dtype, [&]<class T>() { return run<T>(src, dst, backend, &stats); });
+      std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
+        return testing::run_against_simulator<T>(src, dst, backend, &stats);
+      });
       const bool one_step = mesh.ndim() == 1 && ((c.from == "S(0)" && c.to == "S(1)") ||
                                                  (c.from == "S(1)" && c.to == "S(0)") ||
                                                  (c.from == "S(1)" && c.to == "R"));
