@@ -1485,16 +1485,16 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   int last_change = -1;
   for (int combo = 0; combo < combos; ++combo) {
     int rest = combo, weight = 1, same_as = combo;
-    // `alternative`: what the choice of S(d) takes where S(d) is the natural placement (a
-    // reduction's Replicate); none: that choice repeats choice 0.
-    auto pick = [&](const Placement& natural, const Placement* alternative = nullptr) {
+    // The choice of S(d) where S(d) is the natural placement repeats choice 0, except for a
+    // reduction, which takes Replicate there.
+    auto pick = [&](const Placement& natural, bool reduction = false) {
       if (!all) return natural;
       const int choice = rest % choices;
       rest /= choices;
       Placement picked = choice == 0 ? natural : Placement::shard(choice - 1);
       if (choice != 0 && picked == natural) {
-        if (alternative != nullptr)
-          picked = *alternative;
+        if (reduction)
+          picked = Placement::replicate();
         else
           same_as -= choice * weight;
       }
@@ -1515,10 +1515,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       // A reduction to the target's shard, or to Replicate, or to another shard. Where only the
       // natural choice is tried, one that cannot run here (a later mesh dim shards its tensor
       // dim) all-reduces instead.
-      const Placement natural = b[k].is_shard() ? b[k] : Placement::replicate();
-      const Placement replicate = Placement::replicate();
-      Placement to = pick(natural, &replicate);
-      if (!all && !transition_valid_to(k, mid, to)) to = replicate;
+      Placement to = pick(b[k].is_shard() ? b[k] : Placement::replicate(), true);
+      if (!all && !transition_valid_to(k, mid, to)) to = Placement::replicate();
       prefix.push_back({k, a[k], to});
       mid[k] = to;
     }
