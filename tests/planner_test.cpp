@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <limits>
 #include <span>
+#include <tuple>
 #include <vector>
 
 using namespace dtensor;
@@ -1214,6 +1215,26 @@ TEST_CASE("a reduction before an exchange may all-reduce where the target shards
     CHECK(q->bytes_recv_max() == 40 * 1024);
     CHECK(ks[0] == K::all_reduce);
     CHECK(std::count(ks.begin(), ks.end(), K::exchange) == 1);
+  }
+}
+
+TEST_CASE("under the time objective, a plan at the bound does not end the search", "[planner]") {
+  // (P, P) -> (R, R), the gradient all-reduce of 2-D parallelism: an exchange candidate
+  // (reduce-scatter, all-reduce, then each rank receiving what it lacks point to point) reaches
+  // the bound first, and the search used to stop there; reduce-scattering both mesh dims and
+  // gathering back reaches it too, faster: 906 -> 429 us on 4x3 (1640x3657 f32), 116 -> 114 us
+  // on 2x4 (1024x4096 bf16).
+  for (const auto& [mesh, shape, dtype] :
+       {std::tuple{DeviceMesh({4, 3}), Shape{1640, 3657}, DType::f32},
+        std::tuple{DeviceMesh({2, 4}), Shape{1024, 4096}, DType::bf16}}) {
+    const Layout from(mesh, parse_placements("P,P"), shape, dtype);
+    const Layout to(mesh, parse_placements("R,R"), shape, dtype);
+    const Plan p = plan_redistribute(from, to);
+    INFO(explain(p));
+    CHECK(kinds(p) ==
+          std::vector<K>{K::reduce_scatter, K::reduce_scatter, K::all_gather, K::all_gather});
+    CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
+    CHECK(p.est_us() <= plan_redistribute(from, to, collectives_only).est_us());
   }
 }
 

@@ -1824,7 +1824,12 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) && above_bound())
     detail::try_exchanges(src, dst, options, probe, best, exchange_from_partial);
-  if (above_bound()) {
+  // Under the time objective a plan at the bound is not yet the fastest: an exchange that
+  // reaches it (each rank receiving what it lacks, point to point) can be slower than the
+  // collectives below that reach it too, e.g. (P, P) -> (R, R) on 4x3, so they run (their
+  // latency floor prunes them where they cannot win).
+  const bool timed = options.objective == Objective::time;
+  if (above_bound() || timed) {
     // Several reductions to Replicate: reduce-scatter them all, gather back at the end, over
     // every choice of the scattered tensor dims (at most 16 choices).
     int reductions = 0, collectives = 0;
@@ -1842,7 +1847,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
           consider_cheapest_order(scattered);
         else
           consider_order(scattered);
-        return above_bound();
+        return above_bound() || timed;
       });
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
