@@ -82,5 +82,9 @@ TEST_CASE("malformed spellings name the offending text", "[parse][errors]") {
                     "cannot read '4x-1' as a shape: expected sizes joined by 'x', e.g. 2x4");
   CHECK_THROWS_WITH(parse_shape("1x1x1x1x1x1x1x1x1"), "a tensor has at most 8 dims, got 9");
   CHECK_THROWS_WITH(parse_shape("123456789012345678901"),
-                    "'123456789012345678901' is not a number in '123456789012345678901'");
+                    "'123456789012345678901' in '123456789012345678901' is too large: at most 18 "
+                    "digits");
+  CHECK_THROWS_WITH(parse_shape("4x4611686018427387904"),
+                    "'4611686018427387904' in '4x4611686018427387904' is too large: at most 18 "
+                    "digits");
 }

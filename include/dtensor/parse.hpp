@@ -159,7 +159,12 @@ constexpr Vec parse_extents(std::string_view text, const char* what, std::int64_
     if (i < s.size() && s[i] != 'x' && s[i] != 'X' && s[i] != ',') continue;
     const std::string_view piece = s.substr(start, i - start);
     std::int64_t v = 0;
-    if (!parse_int(piece, v)) fail<why::parse_number>(piece, text);
+    if (!parse_int(piece, v)) {
+      const std::string_view digits = trim(piece);
+      if (digits.size() > 18 && digits.find_first_not_of("0123456789") == std::string_view::npos)
+        fail<why::parse_number_too_long>(piece, text);
+      fail<why::parse_number>(piece, text);
+    }
     if (v < lowest) fail<why::parse_extents>(text, what);
     if (out.full()) fail<TooMany>(Vec::capacity(), out.size() + 1);
     out.push_back(static_cast<typename Vec::value_type>(v));

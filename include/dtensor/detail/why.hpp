@@ -46,6 +46,7 @@ DTENSOR_WHY(parse_reduce_op, "unknown reduce op '{}': expected sum, avg, max, mi
 DTENSOR_WHY(parse_dtype, "unknown dtype '{}': expected f32, f64, f16, bf16, i32, i64 or u8");
 DTENSOR_WHY(parse_extents, "cannot read '{}' as {}: expected sizes joined by 'x', e.g. 2x4");
 DTENSOR_WHY(parse_number, "'{}' is not a number in '{}'");
+DTENSOR_WHY(parse_number_too_long, "'{}' in '{}' is too large: at most 18 digits");
 DTENSOR_WHY(parse_empty, "empty {}");
 DTENSOR_WHY(layout_mesh_mismatch,
             "the two layouts live on different meshes: {} and {} (or other names or ranks)");
