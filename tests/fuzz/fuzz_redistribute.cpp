@@ -51,6 +51,7 @@ using namespace dtensor;
 // Limits that keep one input fast.
 constexpr int max_plan_ranks = 512;           // larger meshes are parsed and laid out only
 constexpr int max_run_ranks = 8;              // simulated ranks (one thread each)
+constexpr int max_wide_ranks = 64;            // the wide mesh of pass 3 (planned, not run)
 constexpr std::int64_t max_run_numel = 4096;  // elements of the global tensor for a run
 constexpr std::int64_t max_check_ranks = 64;  // per-rank byte totals recomputed up to this
 
@@ -421,14 +422,15 @@ bool plan_and_run(const Layout& src, const Layout& dst, const Options& o,
   return ran;
 }
 
-// Values derived from bytes, small enough to run.
-DeviceMesh derive_mesh(ByteSource& b) {
-  const int ndim = 1 + b.below(4);
+// Values derived from bytes, small enough to run (meshes: at most `most_dims` dims and
+// `most_ranks` ranks).
+DeviceMesh derive_mesh(ByteSource& b, int most_dims = 4, int most_ranks = max_run_ranks) {
+  const int ndim = 1 + b.below(most_dims);
   MeshShape extents;
   int size = 1;
   for (int k = 0; k < ndim; ++k) {
     int e = 1 + b.below(4);
-    while (size * e > max_run_ranks) --e;
+    while (size * e > most_ranks) --e;
     extents.push_back(e);
     size *= e;
   }
@@ -525,6 +527,26 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         guarded("Layout (derived to)", derived, [&] { return Layout(m, c, s, t, o.policy); });
     if (!src2 || !dst2) violation("a derived layout was refused", derived);
     plan_and_run(*src2, *dst2, o, derived);
+  }
+
+  // 4. A wider mesh from the same bytes (up to 8 dims and max_wide_ranks ranks), planned and
+  // checked, and run only where it is small: the planner's paths on many mesh dims.
+  {
+    ByteSource mb(f.mesh, 6), sb(f.shape, 7), db(f.dtype, 8), fb(f.from, 9), tb(f.to, 10);
+    const DeviceMesh m = derive_mesh(mb, max_mesh_dims, max_wide_ranks);
+    const Shape s = derive_shape(sb);
+    const DType t = all_dtypes[db.below(static_cast<int>(std::size(all_dtypes)))];
+    const int nd = static_cast<int>(s.size());
+    const Placements a = derive_placements(fb, m.ndim(), nd, t);
+    const Placements c = derive_placements(tb, m.ndim(), nd, t);
+    const std::string wide = fmt::format("{}\nwide: mesh {} shape {} dtype {} from {} to {}",
+                                         spelled, m, shape_text(s), name(t), a, c);
+    const auto src3 =
+        guarded("Layout (wide from)", wide, [&] { return Layout(m, a, s, t, o.policy); });
+    const auto dst3 =
+        guarded("Layout (wide to)", wide, [&] { return Layout(m, c, s, t, o.policy); });
+    if (!src3 || !dst3) violation("a wide layout was refused", wide);
+    plan_and_run(*src3, *dst3, o, wide);
   }
   return 0;
 }
