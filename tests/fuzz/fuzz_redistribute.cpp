@@ -468,6 +468,21 @@ Placements derive_placements(ByteSource& b, int mesh_ndim, int tensor_ndim, DTyp
   return ps;
 }
 
+// The layouts of a pair derived from the input's bytes (`pass` names it), which must be
+// accepted, planned and run as plan_and_run does.
+void plan_derived(std::string_view pass, const DeviceMesh& m, const Shape& s, DType t,
+                  const Placements& a, const Placements& c, const Options& o,
+                  std::string_view spelled) {
+  const std::string context = fmt::format("{}\n{}: mesh {} shape {} dtype {} from {} to {}",
+                                          spelled, pass, m, shape_text(s), name(t), a, c);
+  const auto src = guarded(fmt::format("Layout ({} from)", pass), context,
+                           [&] { return Layout(m, a, s, t, o.policy); });
+  const auto dst = guarded(fmt::format("Layout ({} to)", pass), context,
+                           [&] { return Layout(m, c, s, t, o.policy); });
+  if (!src || !dst) violation(fmt::format("a {} layout was refused", pass), context);
+  plan_and_run(*src, *dst, o, context);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -518,15 +533,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (l && ps && l->mesh() == m && l->global_shape() == s) return *ps;
       return derive_placements(b, m.ndim(), nd, t);
     };
-    const Placements a = placements(src, from, fb), c = placements(dst, to, tb);
-    const std::string derived = fmt::format("{}\nderived: mesh {} shape {} dtype {} from {} to {}",
-                                            spelled, m, shape_text(s), name(t), a, c);
-    const auto src2 =
-        guarded("Layout (derived from)", derived, [&] { return Layout(m, a, s, t, o.policy); });
-    const auto dst2 =
-        guarded("Layout (derived to)", derived, [&] { return Layout(m, c, s, t, o.policy); });
-    if (!src2 || !dst2) violation("a derived layout was refused", derived);
-    plan_and_run(*src2, *dst2, o, derived);
+    plan_derived("derived", m, s, t, placements(src, from, fb), placements(dst, to, tb), o,
+                 spelled);
   }
 
   // 4. A wider mesh from the same bytes (up to 8 dims and max_wide_ranks ranks), planned and
@@ -537,16 +545,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const Shape s = derive_shape(sb);
     const DType t = all_dtypes[db.below(static_cast<int>(std::size(all_dtypes)))];
     const int nd = static_cast<int>(s.size());
-    const Placements a = derive_placements(fb, m.ndim(), nd, t);
-    const Placements c = derive_placements(tb, m.ndim(), nd, t);
-    const std::string wide = fmt::format("{}\nwide: mesh {} shape {} dtype {} from {} to {}",
-                                         spelled, m, shape_text(s), name(t), a, c);
-    const auto src3 =
-        guarded("Layout (wide from)", wide, [&] { return Layout(m, a, s, t, o.policy); });
-    const auto dst3 =
-        guarded("Layout (wide to)", wide, [&] { return Layout(m, c, s, t, o.policy); });
-    if (!src3 || !dst3) violation("a wide layout was refused", wide);
-    plan_and_run(*src3, *dst3, o, wide);
+    plan_derived("wide", m, s, t, derive_placements(fb, m.ndim(), nd, t),
+                 derive_placements(tb, m.ndim(), nd, t), o, spelled);
   }
   return 0;
 }
