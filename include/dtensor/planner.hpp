@@ -480,9 +480,9 @@ constexpr HeldRanges held_ranges(const Layout& base, const Placements& from, con
 
 // The elements some rank holds in both its source and target blocks: each side's blocks are
 // equal or disjoint between ranks, so this sums over the ranks that differ on a mesh dim that
-// shards either side. The whole tensor (nothing learnt) where those are more than
-// max_partial_exchange_ranks.
+// shards either side. The whole tensor (nothing learnt) where those are more than 64.
 constexpr std::int64_t held_in_both(const Layout& src, const Layout& dst) {
+  constexpr int max_ranks = 64;
   // Where one side shards nothing its blocks are the whole tensor, and the other side's blocks
   // over the ranks that differ where it shards tile the tensor: every element is held in both.
   auto shards = [](const Placements& ps) {
@@ -496,7 +496,7 @@ constexpr std::int64_t held_in_both(const Layout& src, const Layout& dst) {
     fixed[k] = !src.placement(k).is_shard() && !dst.placement(k).is_shard();
     if (!fixed[k]) ranks *= mesh.size(k);
   }
-  if (ranks > max_partial_exchange_ranks) return src.global_numel();
+  if (ranks > max_ranks) return src.global_numel();
   std::int64_t held = 0;
   for_each_coord(mesh, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0), fixed,
                  [&](const MeshCoord& c) {
@@ -872,9 +872,19 @@ struct plan_builder {
       plan.pruned_ = true;  // not a plan to dst: never chosen
       return plan;
     }
-    cost(plan, incumbent != nullptr && !incumbent->pruned_ ? incumbent : nullptr, probe);
+    cost(plan, incumbent != nullptr && !incumbent->pruned_ ? incumbent : nullptr, probe, false);
     if (!plan.pruned_ && options.memory == Memory::bounded) plan.fits_ = blocks_within_ends(plan);
     return plan;
+  }
+
+  // The plan chosen among candidates built without the sends of an exchange into a Partial
+  // (which no choice reads, and which visit every piece the exchange moves), with them.
+  static constexpr void finish(Plan& plan) {
+    for (const Step& s : plan.steps_)
+      if (s.kind == StepKind::exchange && makes_partial(s.before, s.after)) {
+        cost(plan);
+        return;
+      }
   }
 
   static constexpr void add_transitions(Plan& plan, Placements& state, const Transitions& ts) {
@@ -969,7 +979,7 @@ struct plan_builder {
   // so far, or (objective time, uneven steps) the rank at `probe` alone (the origin when null),
   // make it worse than the incumbent under the objective.
   static constexpr void cost(Plan& plan, const Plan* incumbent = nullptr,
-                             const MeshCoord* probe = nullptr) {
+                             const MeshCoord* probe = nullptr, bool partial_sends = true) {
     const PlanOptions& o = plan.options_;
     const DeviceMesh& mesh = plan.src_.mesh();
     const Layout& base = plan.src_;
@@ -1109,7 +1119,8 @@ struct plan_builder {
       if (!reduces && !makes_partial(s.before, s.after)) continue;
       if (!(reduces ? reducing_exchange_costs(base, s.before, s.after, o.cost_model, partial,
                                               limit_us, limit_recv)
-                    : partial_exchange_costs(base, s.before, s.after, o.cost_model, partial))) {
+                    : partial_exchange_costs(base, s.before, s.after, o.cost_model, partial,
+                                             limit_us, limit_recv, partial_sends))) {
         plan.pruned_ = true;
         return;
       }
@@ -1472,6 +1483,12 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
               beat)
         return;
     }
+    // Under the bytes objective, the probe's receives in the exchange alone must not exceed the
+    // best plan's.
+    if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr &&
+        bytes_mul(partial_exchange_cost(src, mid, b, probe, options.cost_model, false).recv,
+                  src.elem_bytes()) > best.bytes_recv_max())
+      return;
     const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
     const Plan p = plan_builder::build(src, dst, prefix, &end, {}, options,
                                        plan_builder::incumbent(best), &probe);
@@ -1551,7 +1568,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // cut to what its members keep, then every rank takes its target block from the owners; as it
   // is, and after chunking the source's Replicate dims to the target's shards there (each group
   // then reduces a smaller block). Under the time objective one rank's time must first pass.
-  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
+  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_reducing_exchange_ranks &&
       exchange_reduces(a, b)) {
     Transitions chunks;
     Placements chunked = a;
@@ -1851,6 +1868,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       });
   }
   if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
+  detail::plan_builder::finish(best);
   detail::plan_builder::set_lower_bound(best, bound);
   return best;
 }

@@ -17,9 +17,10 @@
 // ceil(missing / g), and no more.
 namespace dtensor::detail {
 
-// The most ranks on which an exchange into a Partial is planned: each rank's part takes its
-// group's decomposition (owned_part), and costing it visits every rank.
-inline constexpr int max_partial_exchange_ranks = 64;
+// The most ranks on which an exchange into a Partial is planned: costing it keeps every rank's
+// figures (each group's decomposition is found once, group_unheld, and each rank's receives
+// visit only the sources that meet them).
+inline constexpr int max_partial_exchange_ranks = 1024;
 
 // The most boxes a member's part may take (held and received together); a redistribution whose
 // decomposition needs more is not planned this way.
@@ -119,10 +120,83 @@ constexpr bool append_run(const Box& box, std::size_t d, std::int64_t lo, std::i
   return append_run(slab(last, 1), d + 1, 0, hi - last * inner, out);
 }
 
+// What of its group's target block no member of the group of `coord` holds in its source block
+// (an exchange from `before` into `after`, made_partial_op not avg), as the boxes the members
+// split (`boxes`, `total` elements), with the group's size and the index of `coord` in it (the
+// members in coordinate order, the last made dim fastest). `held`, when given, gets the boxes
+// `coord` keeps from its own source block: the rest of the block it is the first to hold. `ok`
+// is false when the decomposition needs more than max_owned_boxes boxes.
+struct GroupUnheld {
+  BoxList boxes;
+  std::int64_t total = 0;
+  int members = 0;
+  int me = 0;
+  bool ok = true;
+};
+
+constexpr GroupUnheld group_unheld(const Layout& base, const Placements& before,
+                                   const Placements& after, const MeshCoord& coord,
+                                   BoxList* held = nullptr) {
+  GroupUnheld out;
+  unsigned made = 0;
+  made_partial_op(before, after, &made);
+  const DeviceMesh& mesh = base.mesh();
+  const Box block = base.local_box(after, coord);
+  if (block.empty()) return out;
+  out.boxes.push_back(block);
+  MeshCoord m = coord;
+  for (int k = 0; k < mesh.ndim(); ++k)
+    if ((made >> k & 1u) != 0) m[k] = 0;
+  for (;;) {
+    const bool is_me = m == coord;
+    if (is_me) out.me = out.members;
+    ++out.members;
+    const Box source = base.local_box(before, m);
+    BoxList rest;
+    for (const Box& u : out.boxes) {
+      if (is_me && held != nullptr) {
+        const Box kept = intersect(u, source);
+        if (!kept.empty()) {
+          if (held->size() == max_owned_boxes) return out.ok = false, out;
+          held->push_back(kept);
+        }
+      }
+      if (!append_difference(u, source, rest)) return out.ok = false, out;
+    }
+    out.boxes = BoxList{};
+    for (const Box& u : rest)
+      if (!u.empty()) out.boxes.push_back(u);
+    int k = mesh.ndim() - 1;
+    for (; k >= 0; --k) {
+      if ((made >> k & 1u) == 0) continue;
+      if (++m[k] < mesh.size(k)) break;
+      m[k] = 0;
+    }
+    if (k < 0) break;
+  }
+  for (const Box& u : out.boxes) out.total += u.numel();
+  return out;
+}
+
+// Appends to `out` the boxes member `member` of the group receives: the member-th of `members`
+// balanced runs of the unheld boxes taken in order. False when `out` runs out of room.
+constexpr bool append_share(const GroupUnheld& group, int member, BoxList& out) {
+  const std::int64_t lo = group.total * member / group.members;
+  const std::int64_t hi = group.total * (member + 1) / group.members;
+  std::int64_t at = 0;
+  for (const Box& u : group.boxes) {
+    const std::int64_t n = u.numel();
+    const std::int64_t from = lo > at ? lo - at : 0, to = hi - at < n ? hi - at : n;
+    if (from < to && !append_run(u, 0, from, to, out)) return false;
+    at += n;
+  }
+  return true;
+}
+
 // The part of its group's target block that the rank at `coord` holds after an exchange from
 // `before` into `after` (made_partial_op is not avg): `held`, the boxes it keeps from its own
-// source block, and `received`, the boxes it gets from others. `ok` is false when the
-// decomposition needs more than max_owned_boxes boxes.
+// source block, and `received`, the boxes it gets from others (its share of group_unheld).
+// `ok` is false when the decomposition needs more than max_owned_boxes boxes.
 struct OwnedPart {
   BoxList held;
   BoxList received;
@@ -132,55 +206,8 @@ struct OwnedPart {
 constexpr OwnedPart owned_part(const Layout& base, const Placements& before,
                                const Placements& after, const MeshCoord& coord) {
   OwnedPart out;
-  unsigned made = 0;
-  made_partial_op(before, after, &made);
-  const DeviceMesh& mesh = base.mesh();
-  const Box block = base.local_box(after, coord);
-  if (block.empty()) return out;
-  BoxList unheld;
-  unheld.push_back(block);
-  int members = 0, me = 0;
-  // The members in coordinate order (the last made dim fastest), as for_each_coord visits them.
-  MeshCoord m = coord;
-  for (int k = 0; k < mesh.ndim(); ++k)
-    if ((made >> k & 1u) != 0) m[k] = 0;
-  for (;;) {
-    const bool is_me = m == coord;
-    if (is_me) me = members;
-    ++members;
-    const Box source = base.local_box(before, m);
-    BoxList rest;
-    for (const Box& u : unheld) {
-      if (is_me) {
-        const Box kept = intersect(u, source);
-        if (!kept.empty()) {
-          if (out.held.size() == max_owned_boxes) return out.ok = false, out;
-          out.held.push_back(kept);
-        }
-      }
-      if (!append_difference(u, source, rest)) return out.ok = false, out;
-    }
-    unheld = BoxList{};
-    for (const Box& u : rest)
-      if (!u.empty()) unheld.push_back(u);
-    int k = mesh.ndim() - 1;
-    for (; k >= 0; --k) {
-      if ((made >> k & 1u) == 0) continue;
-      if (++m[k] < mesh.size(k)) break;
-      m[k] = 0;
-    }
-    if (k < 0) break;
-  }
-  std::int64_t total = 0;
-  for (const Box& u : unheld) total += u.numel();
-  const std::int64_t lo = total * me / members, hi = total * (me + 1) / members;
-  std::int64_t at = 0;
-  for (const Box& u : unheld) {
-    const std::int64_t n = u.numel();
-    const std::int64_t from = lo > at ? lo - at : 0, to = hi - at < n ? hi - at : n;
-    if (from < to && !append_run(u, 0, from, to, out.received)) return out.ok = false, out;
-    at += n;
-  }
+  const GroupUnheld group = group_unheld(base, before, after, coord, &out.held);
+  out.ok = group.ok && (group.members == 0 || append_share(group, group.me, out.received));
   return out;
 }
 

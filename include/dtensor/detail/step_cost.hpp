@@ -78,79 +78,6 @@ constexpr int outermost_difference(const MeshCoord& a, const MeshCoord& b) noexc
   return -1;
 }
 
-// f(source, piece) for every source block (placements `before`) that meets `want`, among the
-// holders whose coordinates on the non-shard dims of `before` are the receiver's (a replica next
-// to it): the sources an exchange takes `want` from.
-template <class F>
-constexpr void for_each_source_of(const Layout& base, const Placements& before, const Box& want,
-                                  const MeshCoord& receiver, F&& f) {
-  if (want.empty()) return;
-  const DeviceMesh& mesh = base.mesh();
-  bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
-  for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& source) {
-    const Box piece = intersect(want, base.local_box(before, source));
-    if (!piece.empty()) f(source, piece);
-  });
-}
-
-// The pieces the rank at `receiver` gets from others in an exchange into a Partial, given its
-// part (owned_part): f(source, piece) for every source block that meets a box it receives
-// (for_each_source_of).
-template <class F>
-constexpr void for_each_received_piece(const Layout& base, const Placements& before,
-                                       const OwnedPart& part, const MeshCoord& receiver, F&& f) {
-  for (const Box& want : part.received) for_each_source_of(base, before, want, receiver, f);
-}
-
-// An exchange moves, to each rank r, the part of its target block it lacks. It receives each
-// source tile from the holder whose coordinates on the source's non-shard dims equal r's (a
-// replica next to it), so each rank receives exactly |dst(r)| - |dst(r) ∩ src(r)| elements.
-// `f(source_coord, piece)` is called for every source with a non-empty piece, r's own included.
-template <class F>
-constexpr void for_each_exchange_source(const Layout& base, const Placements& before,
-                                        const Placements& after, const MeshCoord& receiver, F&& f) {
-  if (makes_partial(before, after)) {
-    // Into a Partial: the receiver's own part of its group's block (owned_part).
-    const OwnedPart part = owned_part(base, before, after, receiver);
-    for (const Box& kept : part.held) f(receiver, kept);
-    for_each_received_piece(base, before, part, receiver, f);
-    return;
-  }
-  for_each_source_of(base, before, base.local_box(after, receiver), receiver, f);
-}
-
-// The ranks an exchange sends to from `sender`, with the piece each gets (the sender's own
-// piece included): every receiver that picks `sender` as its source.
-template <class F>
-constexpr void for_each_exchange_target(const Layout& base, const Placements& before,
-                                        const Placements& after, const MeshCoord& sender, F&& f) {
-  const DeviceMesh& mesh = base.mesh();
-  bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
-  const Box have = base.local_box(before, sender);
-  if (have.empty()) return;
-  if (makes_partial(before, after)) {
-    // Into a Partial: each receiver's own part of its group's block (owned_part), in its order.
-    for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
-      const OwnedPart part = owned_part(base, before, after, receiver);
-      if (receiver == sender) {
-        for (const Box& kept : part.held) f(receiver, kept);
-        return;
-      }
-      for (const Box& want : part.received) {
-        const Box piece = intersect(have, want);
-        if (!piece.empty()) f(receiver, piece);
-      }
-    });
-    return;
-  }
-  for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
-    const Box piece = intersect(have, base.local_box(after, receiver));
-    if (!piece.empty()) f(receiver, piece);
-  });
-}
-
 // The non-empty pieces of n elements cut into g under `policy`.
 constexpr int nonempty_pieces(std::int64_t n, int g, ChunkPolicy policy) noexcept {
   if (n <= 0) return 0;
@@ -188,6 +115,109 @@ constexpr PieceSpan pieces_meeting(std::int64_t n, int g, ChunkPolicy policy, st
       a = m + 1;
   }
   return {first, a};
+}
+
+// The sources of for_each_source_of from mesh dim `k` on, inside `outer` (the block cut by the
+// shards of the mesh dims before k, at `source`'s coordinates there; cut further while visiting,
+// restored after): on a shard dim only the pieces that meet `want` (pieces_meeting), so a rank's
+// pieces cost their number, not the mesh's size. Recursion: one level per mesh dim.
+template <class F>
+// NOLINTNEXTLINE(misc-no-recursion): bounded by the mesh's dims, see above
+constexpr void visit_sources(const Layout& base, const Placements& before, const Box& want, int k,
+                             MeshCoord& source, Box& outer, F& f) {
+  const DeviceMesh& mesh = base.mesh();
+  while (k < mesh.ndim() && !before[k].is_shard()) ++k;
+  if (k == mesh.ndim()) {
+    const Box piece = intersect(want, outer);
+    if (!piece.empty()) f(static_cast<const MeshCoord&>(source), piece);
+    return;
+  }
+  const auto d = static_cast<std::size_t>(before[k].dim());
+  const int g = mesh.size(k);
+  const std::int64_t start = outer.offset[d], n = outer.shape[d];
+  const std::int64_t lo = want.offset[d], hi = want.offset[d] + want.shape[d];
+  const PieceSpan span = pieces_meeting(n, g, base.policy(), lo - start, hi - start);
+  for (int j = span.first; j < span.last; ++j) {
+    const Range r = chunk_range(n, g, j, base.policy());
+    if (r.size == 0 || start + r.start >= hi || start + r.start + r.size <= lo) continue;
+    outer.offset[d] = start + r.start;
+    outer.shape[d] = r.size;
+    source[static_cast<std::size_t>(k)] = j;
+    visit_sources(base, before, want, k + 1, source, outer, f);
+  }
+  outer.offset[d] = start;  // as the caller's
+  outer.shape[d] = n;
+}
+
+// f(source, piece) for every source block (placements `before`) that meets `want`, among the
+// holders whose coordinates on the non-shard dims of `before` are the receiver's (a replica next
+// to it): the sources an exchange takes `want` from, in row-major order.
+template <class F>
+constexpr void for_each_source_of(const Layout& base, const Placements& before, const Box& want,
+                                  const MeshCoord& receiver, F&& f) {
+  if (want.empty()) return;
+  MeshCoord source = receiver;
+  Box whole;
+  whole.shape = base.global_shape();
+  whole.offset.resize(whole.shape.size(), 0);
+  visit_sources(base, before, want, 0, source, whole, f);
+}
+
+// The pieces the rank at `receiver` gets from others in an exchange into a Partial, given the
+// boxes it receives (owned_part): f(source, piece) for every source block that meets one
+// (for_each_source_of).
+template <class F>
+constexpr void for_each_received_piece(const Layout& base, const Placements& before,
+                                       const BoxList& received, const MeshCoord& receiver, F&& f) {
+  for (const Box& want : received) for_each_source_of(base, before, want, receiver, f);
+}
+
+// An exchange moves, to each rank r, the part of its target block it lacks. It receives each
+// source tile from the holder whose coordinates on the source's non-shard dims equal r's (a
+// replica next to it), so each rank receives exactly |dst(r)| - |dst(r) ∩ src(r)| elements.
+// `f(source_coord, piece)` is called for every source with a non-empty piece, r's own included.
+template <class F>
+constexpr void for_each_exchange_source(const Layout& base, const Placements& before,
+                                        const Placements& after, const MeshCoord& receiver, F&& f) {
+  if (makes_partial(before, after)) {
+    // Into a Partial: the receiver's own part of its group's block (owned_part).
+    const OwnedPart part = owned_part(base, before, after, receiver);
+    for (const Box& kept : part.held) f(receiver, kept);
+    for_each_received_piece(base, before, part.received, receiver, f);
+    return;
+  }
+  for_each_source_of(base, before, base.local_box(after, receiver), receiver, f);
+}
+
+// The ranks an exchange sends to from `sender`, with the piece each gets (the sender's own
+// piece included): every receiver that picks `sender` as its source.
+template <class F>
+constexpr void for_each_exchange_target(const Layout& base, const Placements& before,
+                                        const Placements& after, const MeshCoord& sender, F&& f) {
+  const DeviceMesh& mesh = base.mesh();
+  bool fixed[max_mesh_dims] = {};
+  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
+  const Box have = base.local_box(before, sender);
+  if (have.empty()) return;
+  if (makes_partial(before, after)) {
+    // Into a Partial: each receiver's own part of its group's block (owned_part), in its order.
+    for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
+      const OwnedPart part = owned_part(base, before, after, receiver);
+      if (receiver == sender) {
+        for (const Box& kept : part.held) f(receiver, kept);
+        return;
+      }
+      for (const Box& want : part.received) {
+        const Box piece = intersect(have, want);
+        if (!piece.empty()) f(receiver, piece);
+      }
+    });
+    return;
+  }
+  for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
+    const Box piece = intersect(have, base.local_box(after, receiver));
+    if (!piece.empty()) f(receiver, piece);
+  });
 }
 
 // The number of pieces that tensor dim d of `range` is cut into by the shards of mesh dims from
@@ -386,15 +416,16 @@ struct ReceivesByLink {
   }
 };
 
-// The receives of the rank at `receiver` in an exchange into a Partial, given its part
-// (owned_part): one message per piece, priced by the link of the outermost mesh dim where the
-// source's coordinates differ from its own (as exchange_cost). f(source, piece) sees each piece.
+// The receives of the rank at `receiver` in an exchange into a Partial, given the boxes it
+// receives (owned_part): one message per piece, priced by the link of the outermost mesh dim
+// where the source's coordinates differ from its own (as exchange_cost). f(source, piece) sees
+// each piece.
 template <class F>
 constexpr ExchangeCost partial_receives(const Layout& base, const Placements& before,
-                                        const OwnedPart& part, const MeshCoord& receiver,
+                                        const BoxList& received, const MeshCoord& receiver,
                                         const CostModel& cost, F&& f) {
   ReceivesByLink in;
-  for_each_received_piece(base, before, part, receiver,
+  for_each_received_piece(base, before, received, receiver,
                           [&](const MeshCoord& source, const Box& piece) {
                             in.add(outermost_difference(source, receiver), piece.numel());
                             f(source, piece);
@@ -410,8 +441,8 @@ constexpr ExchangeCost partial_receives(const Layout& base, const Placements& be
 constexpr ExchangeCost partial_exchange_cost(const Layout& base, const Placements& before,
                                              const Placements& after, const MeshCoord& coord,
                                              const CostModel& cost, bool sends = true) {
-  ExchangeCost out = partial_receives(base, before, owned_part(base, before, after, coord), coord,
-                                      cost, [](const MeshCoord&, const Box&) {});
+  ExchangeCost out = partial_receives(base, before, owned_part(base, before, after, coord).received,
+                                      coord, cost, [](const MeshCoord&, const Box&) {});
   if (sends)
     for_each_exchange_target(base, before, after, coord,
                              [&](const MeshCoord& receiver, const Box& piece) {
@@ -428,26 +459,42 @@ struct RankExchangeCosts {
   double us[max_partial_exchange_ranks];
 };
 
-// As partial_exchange_cost, for every rank at once: each rank's part is visited once, and its
-// pieces counted on both ends. False when the mesh has more than max_partial_exchange_ranks
-// ranks or some part does not fit owned_part's boxes.
+// As partial_exchange_cost, for every rank at once: each group's unheld boxes found once
+// (group_unheld), each rank's pieces visited once (for_each_source_of) and, with `sends`,
+// counted on both ends (sends 0 without). False when the mesh has more than
+// max_partial_exchange_ranks ranks or some part does not fit owned_part's boxes, and as soon as a
+// rank is known to take more than `us_limit` or to receive more than `recv_limit` elements (a
+// plan with it cannot win).
 constexpr bool partial_exchange_costs(const Layout& base, const Placements& before,
                                       const Placements& after, const CostModel& cost,
-                                      RankExchangeCosts& out) {
+                                      RankExchangeCosts& out, double us_limit = 1e300,
+                                      std::int64_t recv_limit = INT64_MAX, bool sends = true) {
   const DeviceMesh& mesh = base.mesh();
   const int ranks = mesh.size();
   if (ranks > max_partial_exchange_ranks) return false;
+  unsigned made = 0;
+  made_partial_op(before, after, &made);
+  const int g = group_size(mesh, made);
   for (int i = 0; i < ranks; ++i) out.send[i] = 0;
   for (int i = 0; i < ranks; ++i) {
-    const MeshCoord receiver = mesh.coordinate_at(i);
-    const OwnedPart part = owned_part(base, before, after, receiver);
-    if (!part.ok) return false;
-    const ExchangeCost mine = partial_receives(base, before, part, receiver, cost,
-                                               [&](const MeshCoord& source, const Box& piece) {
-                                                 out.send[mesh.index(source)] += piece.numel();
-                                               });
-    out.recv[i] = mine.recv;
-    out.us[i] = mine.us;
+    const MeshCoord first = mesh.coordinate_at(i);
+    if (group_index(mesh, first, made) != 0) continue;
+    const GroupUnheld group = group_unheld(base, before, after, first);
+    if (!group.ok) return false;
+    for (int j = 0; j < g; ++j) {
+      const MeshCoord receiver = group_member(mesh, first, made, j);
+      BoxList received;
+      if (group.members > 0 && !append_share(group, j, received)) return false;
+      const ExchangeCost mine = partial_receives(base, before, received, receiver, cost,
+                                                 [&](const MeshCoord& source, const Box& piece) {
+                                                   if (sends)
+                                                     out.send[mesh.index(source)] += piece.numel();
+                                                 });
+      const int at = mesh.index(receiver);
+      out.recv[at] = mine.recv;
+      out.us[at] = mine.us;
+      if (mine.us > us_limit || mine.recv > recv_limit) return false;
+    }
   }
   return true;
 }
@@ -646,7 +693,7 @@ constexpr SlowestFloors slowest_quick_floors(const Layout& base, const Placement
 
 // As reducing_exchange_cost, for every rank at once (each group's parts cut once), with the
 // step's time, the slowest rank's first round then the slowest's second, as every rank's. False
-// when the mesh has more than max_partial_exchange_ranks ranks, and as soon as the step is
+// when the mesh has more than max_reducing_exchange_ranks ranks, and as soon as the step is
 // known to take more than `us_limit` or a rank to receive more than `recv_limit` elements (a
 // plan with it cannot win).
 constexpr bool reducing_exchange_costs(const Layout& base, const Placements& before,
@@ -655,9 +702,9 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
                                        std::int64_t recv_limit = INT64_MAX) {
   const DeviceMesh& mesh = base.mesh();
   const int ranks = mesh.size();
-  if (ranks > max_partial_exchange_ranks) return false;
+  if (ranks > max_reducing_exchange_ranks) return false;
   const unsigned dims = reduced_partials(before, after).dims;
-  Box part[max_partial_exchange_ranks];
+  Box part[max_reducing_exchange_ranks];
   for (int i = 0; i < ranks; ++i) {
     const MeshCoord c = mesh.coordinate_at(i);
     if (group_index(mesh, c, dims) != 0) continue;
@@ -672,7 +719,7 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
   // The slowest first round first, then the second rounds rank by rank against the limit.
   double first = 0, second = 0;
-  std::int64_t first_recv[max_partial_exchange_ranks] = {};
+  std::int64_t first_recv[max_reducing_exchange_ranks] = {};
   for (int i = 0; i < ranks; ++i) {
     ExchangeCost mine;
     first_round_receives(mesh, mesh.coordinate_at(i), dims, part[i].numel())
