@@ -810,6 +810,34 @@ TEST_CASE("mixed Partial ops where a kept inner shard blocks a made Partial, exe
   CHECK(runs > 0);
 }
 
+TEST_CASE("exchanges into and from a Partial on more than 64 ranks, executed",
+          "[execute][planner]") {
+  // Beyond 64 ranks the planner makes and reduces Partials in one exchange too; each plan runs
+  // on 72 and 128 simulated ranks against the global view, its bytes as planned.
+  const DeviceMesh wide({4, 2, 3, 3}), square({2, 8, 8});
+  const Plan pairs[] = {
+      plan_redistribute(Layout(wide, parse_placements("R,S(0),R,R"), {5, 17}),
+                        Layout(wide, parse_placements("P(max),R,R,R"), {5, 17}),
+                        {.objective = Objective::bytes}),
+      plan_redistribute(Layout(square, parse_placements("P(sum),S(1),S(0)"), {28, 19}),
+                        Layout(square, parse_placements("S(0),S(0),S(1)"), {28, 19}),
+                        {.objective = Objective::bytes}),
+      plan_redistribute(Layout(wide, parse_placements("S(1),S(0),P(sum),R"), {7, 9}),
+                        Layout(wide, parse_placements("P(sum),S(1),R,S(0)"), {7, 9}),
+                        {.objective = Objective::bytes})};
+  for (const Plan& p : pairs) {
+    REQUIRE(std::any_of(p.begin(), p.end(), [](const Step& s) {
+      return s.kind == StepKind::exchange && (detail::makes_partial(s.before, s.after) ||
+                                              detail::exchange_reduces(s.before, s.after));
+    }));
+    const Verification v = verify_on_simulator(p);
+    INFO(fmt::format("{}{}", explain(p), v.difference));
+    CHECK(v.verified);
+    for (int r = 0; r < p.src().mesh().size(); ++r)
+      CHECK(v.measured[static_cast<std::size_t>(r)] == rank_bytes(p, p.src().mesh().rank_at(r)));
+  }
+}
+
 TEST_CASE("a Partial target is checked within the rounding of its parts", "[execute][verify]") {
   // R -> P(sum) divides by the group size; on 3 ranks in bf16 each part is rounded, and the
   // parts of a source Partial (1, 2, 3, x - 6 on 4 ranks) are larger than the value they sum

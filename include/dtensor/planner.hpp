@@ -1568,8 +1568,9 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // cut to what its members keep, then every rank takes its target block from the owners; as it
   // is, and after chunking the source's Replicate dims to the target's shards there (each group
   // then reduces a smaller block). Under the time objective one rank's time must first pass.
-  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_reducing_exchange_ranks &&
-      exchange_reduces(a, b)) {
+  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
+      exchange_reduces(a, b) &&
+      group_size(src.mesh(), reduced_partials(a, b).dims) <= max_reducing_group) {
     Transitions chunks;
     Placements chunked = a;
     for (int k = 0; k < static_cast<int>(a.size()); ++k)

@@ -17,9 +17,9 @@
 // ceil(missing / g), and no more.
 namespace dtensor::detail {
 
-// The most ranks on which an exchange into a Partial is planned: costing it keeps every rank's
-// figures (each group's decomposition is found once, group_unheld, and each rank's receives
-// visit only the sources that meet them).
+// The most ranks on which an exchange into or from a Partial is planned: costing it keeps every
+// rank's figures (each group's decomposition is found once, and each rank's receives visit only
+// the blocks that meet them).
 inline constexpr int max_partial_exchange_ranks = 1024;
 
 // The most boxes a member's part may take (held and received together); a redistribution whose

@@ -23,9 +23,8 @@
 // where an all-to-all and a reduce-scatter receive half.
 namespace dtensor::detail {
 
-// The most ranks on which an exchange from a Partial is planned (and so the most members of a
-// group): costing it keeps every rank's part.
-inline constexpr int max_reducing_exchange_ranks = 64;
+// The most members of a group in an exchange from a Partial (each group's cut is kept inline).
+inline constexpr int max_reducing_group = 64;
 
 // The mesh dims an exchange from `before` to `after` reduces, and their op: every Partial of
 // `before`, of one op, where `after` has no Partial. `dims` is 0 when the step is no such
@@ -86,7 +85,7 @@ struct GroupParts {
   int members = 0;
   int dim = 0;
   bool reversed = false;
-  std::int64_t cut[max_reducing_exchange_ranks + 1] = {};
+  std::int64_t cut[max_reducing_group + 1] = {};
 
   // Member j's part of the block.
   [[nodiscard]] constexpr Box part(int j) const {
@@ -115,12 +114,12 @@ constexpr std::int64_t least_where(std::int64_t low, std::int64_t high, Holds ho
 
 // The most a cut can save along one tensor dim: every row (index) saves at most the largest
 // cross[j] of the members j whose range [t_lo[j], t_hi[j]) holds it (only one member owns it).
-constexpr std::int64_t rows_saved(
-    const static_vector<std::int64_t, max_reducing_exchange_ranks>& cross,
-    const static_vector<std::int64_t, max_reducing_exchange_ranks>& t_lo,
-    const static_vector<std::int64_t, max_reducing_exchange_ranks>& t_hi, int g) {
+constexpr std::int64_t rows_saved(const static_vector<std::int64_t, max_reducing_group>& cross,
+                                  const static_vector<std::int64_t, max_reducing_group>& t_lo,
+                                  const static_vector<std::int64_t, max_reducing_group>& t_hi,
+                                  int g) {
   // The ranges' ends, sorted; between two neighbours every range holds all rows or none.
-  static_vector<std::int64_t, std::size_t{2} * max_reducing_exchange_ranks> ends;
+  static_vector<std::int64_t, std::size_t{2} * max_reducing_group> ends;
   for (int j = 0; j < g; ++j) {
     if (cross[j] == 0) continue;
     for (const std::int64_t x : {t_lo[j], t_hi[j]}) {
@@ -142,7 +141,7 @@ constexpr std::int64_t rows_saved(
   return saved;
 }
 
-// The parts of the group of `coord` (reduced dims `dims`, at most max_reducing_exchange_ranks
+// The parts of the group of `coord` (reduced dims `dims`, at most max_reducing_group
 // members) in an exchange from `before` to `after`: over every tensor dim and both orders of the
 // members, the cut whose busiest member receives the fewest elements (binary search on that
 // count; each member's count grows with its range, so the members take, in order, the longest
@@ -163,9 +162,9 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
   }
   // Per member: its target block's size, and the part of that block in the group's block.
   // (Only the members' entries are written: the vectors' other slots are never touched.)
-  using PerMember = static_vector<std::int64_t, max_reducing_exchange_ranks>;
+  using PerMember = static_vector<std::int64_t, max_reducing_group>;
   PerMember target;
-  static_vector<Box, max_reducing_exchange_ranks> inside;
+  static_vector<Box, max_reducing_group> inside;
   std::int64_t most_target = 0;
   for (int j = 0; j < g; ++j) {
     const Box t = base.local_box(after, group_member(mesh, coord, dims, j));
@@ -253,7 +252,7 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       const std::int64_t even = (all + g - 1) / g;
       std::int64_t rows = even;
       if (!fits(count, even, nullptr)) {
-        std::int64_t free_cut[max_reducing_exchange_ranks + 1] = {lo};
+        std::int64_t free_cut[max_reducing_group + 1] = {lo};
         fits(count, all, free_cut);
         std::int64_t most = 0;
         for (int i = 0; i < g; ++i)

@@ -522,11 +522,9 @@ constexpr void for_each_owner(const Layout& base, const Placements& before, cons
                               const GroupParts* own = nullptr) {
   const DeviceMesh& mesh = base.mesh();
   const Box want = base.local_box(after, receiver);
-  if (want.empty()) return;
-  bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = !before[k].is_shard();
-  for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& group) {
-    if (overlap_numel(base.local_box(before, group), want) == 0) return;
+  // The groups whose block meets the target block: the sources of for_each_source_of (the
+  // member at the receiver's coordinates on the reduced dims).
+  for_each_source_of(base, before, want, receiver, [&](const MeshCoord& group, const Box&) {
     const GroupParts parts =
         own != nullptr && group == receiver ? *own : group_parts(base, before, after, dims, group);
     for (int j = 0; j < parts.members; ++j) {
@@ -691,56 +689,73 @@ constexpr SlowestFloors slowest_quick_floors(const Layout& base, const Placement
   return out;
 }
 
-// As reducing_exchange_cost, for every rank at once (each group's parts cut once), with the
-// step's time, the slowest rank's first round then the slowest's second, as every rank's. False
-// when the mesh has more than max_reducing_exchange_ranks ranks, and as soon as the step is
-// known to take more than `us_limit` or a rank to receive more than `recv_limit` elements (a
-// plan with it cannot win).
+// As reducing_exchange_cost, for every rank at once (each group's parts cut once, each rank's
+// owners found among the groups whose block meets its target), with the step's time, the
+// slowest rank's first round then the slowest's second, as every rank's. False when the mesh has
+// more than max_partial_exchange_ranks ranks or a group more than max_reducing_group members,
+// and as soon as the step is known to take more than `us_limit` or a rank to receive more than
+// `recv_limit` elements (a plan with it cannot win).
 constexpr bool reducing_exchange_costs(const Layout& base, const Placements& before,
                                        const Placements& after, const CostModel& cost,
                                        RankExchangeCosts& out, double us_limit = 1e300,
                                        std::int64_t recv_limit = INT64_MAX) {
   const DeviceMesh& mesh = base.mesh();
   const int ranks = mesh.size();
-  if (ranks > max_reducing_exchange_ranks) return false;
   const unsigned dims = reduced_partials(before, after).dims;
-  Box part[max_reducing_exchange_ranks];
+  if (ranks > max_partial_exchange_ranks || group_size(mesh, dims) > max_reducing_group)
+    return false;
+  // Each rank's part: a range of one tensor dim of its group's block.
+  struct Part {
+    std::int64_t lo = 0, hi = 0;
+    int dim = 0;
+  };
+  Part part[max_partial_exchange_ranks];
+  // The slowest first round first, then the second rounds rank by rank against the limit.
+  double first = 0, second = 0;
   for (int i = 0; i < ranks; ++i) {
     const MeshCoord c = mesh.coordinate_at(i);
     if (group_index(mesh, c, dims) != 0) continue;
     const GroupParts parts = group_parts(base, before, after, dims, c);
     for (int j = 0; j < parts.members; ++j) {
-      const int at = mesh.index(group_member(mesh, c, dims, j));
-      part[at] = parts.part(j);
-      out.send[at] = parts.block.numel() - part[at].numel();
+      const MeshCoord member = group_member(mesh, c, dims, j);
+      const int at = mesh.index(member);
+      const Box mine = parts.part(j);
+      if (!mine.shape.empty())
+        part[at] = {mine.offset[parts.dim], mine.offset[parts.dim] + mine.shape[parts.dim],
+                    parts.dim};
+      const std::int64_t n = mine.numel();
+      out.send[at] = parts.block.numel() - n;
+      ExchangeCost e;
+      first_round_receives(mesh, member, dims, n).price(base, cost, e);
+      first = e.us > first ? e.us : first;
+      out.recv[at] = e.recv;
     }
-  }
-  bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
-  // The slowest first round first, then the second rounds rank by rank against the limit.
-  double first = 0, second = 0;
-  std::int64_t first_recv[max_reducing_exchange_ranks] = {};
-  for (int i = 0; i < ranks; ++i) {
-    ExchangeCost mine;
-    first_round_receives(mesh, mesh.coordinate_at(i), dims, part[i].numel())
-        .price(base, cost, mine);
-    first = mine.us > first ? mine.us : first;
-    first_recv[i] = mine.recv;
   }
   for (int i = 0; i < ranks; ++i) {
     const MeshCoord receiver = mesh.coordinate_at(i);
     ExchangeCost mine;
-    mine.recv = first_recv[i];
+    mine.recv = out.recv[i];
     ReceivesByLink deliver;
-    const Box want = base.local_box(after, receiver);
-    for_each_coord(mesh, receiver, fixed, [&](const MeshCoord& owner) {
-      if (owner == receiver) return;
-      const int at = mesh.index(owner);
-      const std::int64_t n = overlap_numel(want, part[at]);
-      if (n == 0) return;
-      deliver.add(outermost_difference(owner, receiver), n);
-      out.send[at] += n;
-    });
+    // The owners of the groups whose block meets the target block (for_each_owner), from the
+    // parts found above.
+    for_each_source_of(base, before, base.local_box(after, receiver), receiver,
+                       [&](const MeshCoord& group, const Box& piece) {
+                         for (int j = 0, g = group_size(mesh, dims); j < g; ++j) {
+                           const MeshCoord owner = group_member(mesh, group, dims, j);
+                           if (owner == receiver) continue;
+                           const int at = mesh.index(owner);
+                           const Part& p = part[at];
+                           const auto d = static_cast<std::size_t>(p.dim);
+                           if (piece.shape.empty() || piece.shape[d] == 0) continue;
+                           const std::int64_t lo = piece.offset[d] > p.lo ? piece.offset[d] : p.lo;
+                           const std::int64_t end = piece.offset[d] + piece.shape[d];
+                           const std::int64_t hi = end < p.hi ? end : p.hi;
+                           if (hi <= lo) continue;
+                           const std::int64_t n = piece.numel() / piece.shape[d] * (hi - lo);
+                           deliver.add(outermost_difference(owner, receiver), n);
+                           out.send[at] += n;
+                         }
+                       });
     deliver.price(base, cost, mine);
     second = mine.us > second ? mine.us : second;
     out.recv[i] = mine.recv;
