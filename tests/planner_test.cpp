@@ -7,7 +7,9 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <tuple>
 #include <vector>
@@ -979,6 +981,51 @@ TEST_CASE("an exchange into a Partial: each group splits what none of its member
   }));
 }
 
+// Pseudo-random layouts on meshes of 65 to 256 ranks (2 to 4 dims of 1 to 6 ranks; a tensor of 1
+// or 2 dims of 1 to 24), the same on every platform (an LCG, fixed seeds).
+class WideLayouts {
+ public:
+  explicit WideLayouts(std::uint64_t seed) : state_(seed) {
+    for (;;) {
+      MeshShape extents;
+      int ranks = 1;
+      for (int k = 0, dims = 2 + next(3); k < dims; ++k) {
+        extents.push_back(1 + next(6));
+        ranks *= extents.back();
+      }
+      if (ranks <= 64 || ranks > 256) continue;
+      for (int d = 0, dims = 1 + next(2); d < dims; ++d) shape_.push_back(1 + next(24));
+      mesh_ = DeviceMesh(extents);
+      return;
+    }
+  }
+  [[nodiscard]] const DeviceMesh& mesh() const { return mesh_; }
+  [[nodiscard]] const Shape& shape() const { return shape_; }
+  // One placement per mesh dim: R, some S(d) and, with `op`, Partial(op).
+  Placements placements(std::optional<ReduceOp> op = std::nullopt) {
+    const int dims = static_cast<int>(shape_.size());
+    Placements out;
+    for (int k = 0; k < mesh_.ndim(); ++k) {
+      const int pick = next(dims + (op ? 2 : 1));
+      out.push_back(pick == dims       ? Placement::replicate()
+                    : pick == dims + 1 ? Placement::partial(*op)
+                                       : Placement::shard(pick));
+    }
+    return out;
+  }
+  // The next seed's layouts.
+  [[nodiscard]] std::uint64_t state() const { return state_; }
+
+ private:
+  int next(int n) {
+    state_ = state_ * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int>((state_ >> 33) % static_cast<std::uint64_t>(n));
+  }
+  std::uint64_t state_;
+  DeviceMesh mesh_;
+  Shape shape_;
+};
+
 TEST_CASE("an exchange into a Partial on more than 64 ranks", "[planner][exchange]") {
   // (R, S(0), R, R) -> (P(max), R, R, R) on 4x2x3x3 (72 ranks): the four members of each group
   // split the rows their block lacks, 52 B each, where gathering them receives 60 B.
@@ -1002,36 +1049,15 @@ TEST_CASE("an exchange into a Partial on more than 64 ranks", "[planner][exchang
   // The promise of Objective::bytes beyond 64 ranks: a source without Partial moves the bound
   // into targets whose Partials are of one op, on meshes of 65 to 256 ranks (pseudo-random,
   // fixed). Each plan's figures are the maxima over its ranks.
-  std::uint64_t state = 12345;
-  auto next = [&](int n) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<int>((state >> 33) % static_cast<std::uint64_t>(n));
-  };
+  std::uint64_t seed = 12345;
   int planned = 0;
   while (planned < 40) {
-    MeshShape extents;
-    int ranks = 1;
-    for (int k = 0, dims = 2 + next(3); k < dims; ++k) {
-      extents.push_back(1 + next(6));
-      ranks *= extents.back();
-    }
-    if (ranks <= 64 || ranks > 256) continue;
-    Shape shape;
-    for (int d = 0, dims = 1 + next(2); d < dims; ++d) shape.push_back(1 + next(24));
-    const DeviceMesh mesh(extents);
-    Placements from, to;
-    bool partial = false;
-    for (std::size_t k = 0; k < extents.size(); ++k) {
-      const int f = next(static_cast<int>(shape.size()) + 1);
-      from.push_back(f == static_cast<int>(shape.size()) ? Placement::replicate()
-                                                         : Placement::shard(f));
-      const int t = next(static_cast<int>(shape.size()) + 2);
-      partial = partial || t == static_cast<int>(shape.size()) + 1;
-      to.push_back(t == static_cast<int>(shape.size())       ? Placement::replicate()
-                   : t == static_cast<int>(shape.size()) + 1 ? Placement::partial(ReduceOp::max)
-                                                             : Placement::shard(t));
-    }
-    if (!partial) continue;
+    WideLayouts wide_layouts(seed);
+    const Placements from = wide_layouts.placements(), to = wide_layouts.placements(ReduceOp::max);
+    seed = wide_layouts.state();
+    if (!has_partial(to)) continue;
+    const DeviceMesh& mesh = wide_layouts.mesh();
+    const Shape& shape = wide_layouts.shape();
     const Layout src(mesh, from, shape), dst(mesh, to, shape);
     INFO(fmt::format("{} {} {} -> {}", mesh, shape, from, to));
     const Plan p = plan_redistribute(src, dst, {.objective = Objective::bytes});
@@ -1062,34 +1088,15 @@ TEST_CASE("an exchange from a Partial on more than 64 ranks", "[planner][exchang
   }));
   // On meshes of 65 to 256 ranks (pseudo-random, fixed): every plan's figures are the maxima
   // over its ranks, and some reduce in an exchange.
-  std::uint64_t state = 777;
-  auto next = [&](int n) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    return static_cast<int>((state >> 33) % static_cast<std::uint64_t>(n));
-  };
+  std::uint64_t seed = 777;
   int planned = 0, reducing = 0;
   while (planned < 40) {
-    MeshShape extents;
-    int ranks = 1;
-    for (int k = 0, dims = 2 + next(3); k < dims; ++k) {
-      extents.push_back(1 + next(6));
-      ranks *= extents.back();
-    }
-    if (ranks <= 64 || ranks > 256) continue;
-    Shape shape;
-    for (int d = 0, dims = 1 + next(2); d < dims; ++d) shape.push_back(1 + next(24));
-    const DeviceMesh mesh(extents);
-    Placements from, to;
-    for (std::size_t k = 0; k < extents.size(); ++k) {
-      const int f = next(static_cast<int>(shape.size()) + 2);
-      from.push_back(f == static_cast<int>(shape.size())       ? Placement::replicate()
-                     : f == static_cast<int>(shape.size()) + 1 ? Placement::partial()
-                                                               : Placement::shard(f));
-      const int t = next(static_cast<int>(shape.size()) + 1);
-      to.push_back(t == static_cast<int>(shape.size()) ? Placement::replicate()
-                                                       : Placement::shard(t));
-    }
+    WideLayouts wide_layouts(seed);
+    const Placements from = wide_layouts.placements(ReduceOp::sum), to = wide_layouts.placements();
+    seed = wide_layouts.state();
     if (!has_partial(from)) continue;
+    const DeviceMesh& mesh = wide_layouts.mesh();
+    const Shape& shape = wide_layouts.shape();
     const Layout src(mesh, from, shape), dst(mesh, to, shape);
     INFO(fmt::format("{} {} {} -> {}", mesh, shape, from, to));
     const Plan r = plan_redistribute(src, dst, {.objective = Objective::bytes});
