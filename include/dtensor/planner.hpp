@@ -977,7 +977,8 @@ struct plan_builder {
   // Fills in each step's padding choice, bytes and time, and the plan's totals. With an
   // incumbent, stops early (marking the plan pruned) as soon as the maxima over the ranks seen
   // so far, or (objective time, uneven steps) the rank at `probe` alone (the origin when null),
-  // make it worse than the incumbent under the objective.
+  // make it worse than the incumbent under the objective. Without `partial_sends`, an exchange
+  // into a Partial counts no sends (finish counts them for the plan chosen).
   static constexpr void cost(Plan& plan, const Plan* incumbent = nullptr,
                              const MeshCoord* probe = nullptr, bool partial_sends = true) {
     const PlanOptions& o = plan.options_;
