@@ -3,17 +3,13 @@
 // verify_on_simulator checks against the global view.
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
-#include <dtensor/execute.hpp>
-#include <dtensor/verify.hpp>
 
 #include "run_against_simulator.hpp"
 
 #include <fmt/core.h>
 
-#include <cmath>
-#include <cstring>
+#include <string>
 #include <string_view>
-#include <vector>
 
 namespace {
 
