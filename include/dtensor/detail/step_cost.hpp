@@ -702,8 +702,8 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   const DeviceMesh& mesh = base.mesh();
   const int ranks = mesh.size();
   const unsigned dims = reduced_partials(before, after).dims;
-  if (ranks > max_partial_exchange_ranks || group_size(mesh, dims) > max_reducing_group)
-    return false;
+  const int g = group_size(mesh, dims);
+  if (ranks > max_partial_exchange_ranks || g > max_reducing_group) return false;
   // Each rank's part: a range of one tensor dim of its group's block.
   struct Part {
     std::int64_t lo = 0, hi = 0;
@@ -740,7 +740,7 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
     // parts found above.
     for_each_source_of(base, before, base.local_box(after, receiver), receiver,
                        [&](const MeshCoord& group, const Box& piece) {
-                         for (int j = 0, g = group_size(mesh, dims); j < g; ++j) {
+                         for (int j = 0; j < g; ++j) {
                            const MeshCoord owner = group_member(mesh, group, dims, j);
                            if (owner == receiver) continue;
                            const int at = mesh.index(owner);
