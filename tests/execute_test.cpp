@@ -16,6 +16,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -884,6 +885,47 @@ TEST_CASE("a step that runs in place reuses the scratch of the block before", "[
     const SimulatedRun run =
         detail::visit_dtype(dtype, [&]<class T>() { return run_simulated<T>(plan, false); });
     for (std::int64_t peak : run.scratch_peak) CHECK(peak == block);
+  }
+}
+
+TEST_CASE("a chunk that keeps a slab of its block is read where it lies", "[execute][memory]") {
+  // (R, P(sum)) -> (S(0), S(1)) on 2x4 chunks the rows, then reduce-scatters the columns: the
+  // reduce-scatter reads the rows in the source, so the run holds only the partials it stages
+  // (two of 8x2, its own reduced where it lies), not a copy of the 4x16 rows besides. (R, S(0),
+  // P(sum)) -> (S(0), R, S(0)) on 2x2x2 all-gathers, chunks the rows of the gathered block and
+  // reduce-scatters them: the chunk is read in the all-gather's scratch, which is freed after
+  // the reduce-scatter, so one 8x16 block is held, not that and a 4x16 copy.
+  struct Case {
+    const char *mesh, *from, *to;
+    std::uint32_t views;
+    std::int64_t peak;      // on the simulated backend (strided pieces)
+    std::int64_t any_peak;  // on any backend
+  };
+  for (const Case& k : {Case{"2x4", "R,P(sum)", "S(0),S(1)", 1u, 128, 256},
+                        Case{"2x2x2", "R,S(0),P(sum)", "S(0),R,S(0)", 2u, 512, 512}}) {
+    const DeviceMesh mesh = parse_mesh(k.mesh);
+    const Plan plan = plan_redistribute(Layout(mesh, parse_placements(k.from), {8, 16}),
+                                        Layout(mesh, parse_placements(k.to), {8, 16}));
+    INFO(explain(plan));
+    const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+    const detail::BlockPlacement placed =
+        detail::place_blocks(plan, origin, 0, detail::abilities_of<detail::Link<SimulatedBackend>>);
+    CHECK(placed.views == k.views);
+    CHECK(plan[std::countr_zero(k.views)].kind == StepKind::chunk);
+    CHECK(workspace_bytes<SimulatedBackend>(plan) == k.peak);
+    CHECK(workspace_bytes(plan) == k.any_peak);
+    const Verification v = verify_on_simulator(plan);
+    CHECK(v.verified);
+    CHECK(v.difference == "");
+    for (bool packing : {false, true}) {
+      const SimulatedRun run = run_simulated<float>(plan, packing);
+      for (int r = 0; r < mesh.size(); ++r)
+        CHECK(run.scratch_peak[static_cast<std::size_t>(r)] ==
+              detail::rank_workspace_bytes(
+                  plan, mesh.coordinate_at(r), 0,
+                  packing ? detail::LinkAbilities{}
+                          : detail::abilities_of<detail::Link<SimulatedBackend>>));
+    }
   }
 }
 

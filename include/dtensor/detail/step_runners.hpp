@@ -1044,12 +1044,24 @@ inline StepContext step_context(const Plan& plan, std::size_t i, const MeshCoord
 struct BlockPlacement {
   std::uint32_t in_target = 0;
   std::uint32_t reuses = 0;
+  // Bit i set: step i, a chunk whose block is a slab of the block before (chunk_is_slab),
+  // copies nothing; the next step reads that slab where it lies, in the source or in the block
+  // before's scratch, which is freed after that step.
+  std::uint32_t views = 0;
   // The most scratch held at once: the blocks in scratch around a step plus its staging.
   std::int64_t peak = 0;
 };
 
+// Whether step c, a chunk, keeps a slab of its block (slabs_along): the next step can read it
+// where it lies.
+inline bool chunk_is_slab(const StepContext& c) {
+  return c.step.kind == StepKind::chunk &&
+         (c.want.empty() || slabs_along(c.have.shape, c.step.after[c.step.mesh_dim].dim()));
+}
+
 // The placement with the least peak (ties: more blocks in the target), by dynamic programming
-// over the steps with two states, the block after each step in scratch or in the target.
+// over the steps with three states: the block after each step in scratch of its own, in the
+// target, or a view (BlockPlacement::views) into the buffer of the block before it.
 inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
                                    std::uint32_t point_to_point, LinkAbilities a) {
   static_assert(max_plan_steps <= 32, "in_target has one bit per step");
@@ -1059,13 +1071,15 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
   const std::size_t target = bytes_of(plan.dst().local_box(me), elem);
   struct State {
     std::int64_t peak = 0;
-    std::uint32_t in_target = 0, reuses = 0;
+    std::uint32_t in_target = 0, reuses = 0, views = 0;
+    std::size_t held = 0;  // scratch the block before the next stage keeps (0: source, target)
     bool reachable = false;
   };
-  // states[s]: the best placement so far with the block before this stage in scratch (0) or in
-  // the target (1); the source is read in place, as a scratch block of no bytes.
-  State states[2] = {{0, 0, 0, true}, {}};
-  std::size_t before = 0;  // scratch bytes of the block before this stage, if in scratch
+  // states[s]: the best placement so far with the block before this stage in scratch (0), in
+  // the target (1) or viewed in the buffer of the block before it (2); the source is read in
+  // place, as a scratch block of no bytes.
+  enum { scratch = 0, in_target = 1, view = 2 };
+  State states[3] = {{0, 0, 0, 0, 0, true}, {}, {}};
   for (std::size_t i = 0; i < n; ++i) {
     const Stage& stage = stages[i];
     StepContext c = step_context(plan, stage.last, me, (point_to_point >> stage.last & 1u) != 0);
@@ -1078,33 +1092,45 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     const std::size_t staging_spare_in_place = in_place ? step_staging(c, a, true) : 0;
     const std::size_t block = bytes_of(c.want, elem);
     const bool last = i + 1 == n;
-    State next[2] = {};
-    auto consider = [&](int t, const State& from, std::size_t held, bool reuse) {
+    const std::uint32_t bit = 1u << stage.last;
+    State next[3] = {};
+    auto consider = [&](int t, const State& from, std::size_t held, std::uint32_t reuse,
+                        std::uint32_t viewed, std::size_t keeps) {
       const std::int64_t peak = std::max(from.peak, static_cast<std::int64_t>(held));
       if (!next[t].reachable || peak < next[t].peak)
-        next[t] = {peak, from.in_target | (t == 1 && !last ? 1u << stage.last : 0u),
-                   from.reuses | (reuse ? 1u << stage.last : 0u), true};
+        next[t] = {peak,
+                   from.in_target | (t == in_target && !last ? bit : 0u),
+                   from.reuses | reuse,
+                   from.views | viewed,
+                   keeps,
+                   true};
     };
-    for (int t = 1; t >= 0; --t) {  // the block after the stage: in the target (1) or scratch (0)
-      if (last ? t == 0 : t == 1 && block > target) continue;
-      for (int s = 0; s < 2; ++s) {
-        if (!states[s].reachable || (s == 1 && t == 1 && !in_place)) continue;
-        const std::size_t held = (s == 0 ? before : 0) + (t == 0 ? block : 0) +
-                                 (s == 1   ? t == 1 ? staging_in_place : staging
-                                  : t == 0 ? staging_spare
-                                           : staging);
-        consider(t, states[s], held, false);
+    for (int t : {in_target, scratch}) {  // the block after the stage
+      if (last ? t == scratch : t == in_target && block > target) continue;
+      for (int s : {scratch, in_target, view}) {
+        if (!states[s].reachable || (s == in_target && t == in_target && !in_place)) continue;
+        const std::size_t held = states[s].held + (t == scratch ? block : 0) +
+                                 (s == in_target ? t == in_target ? staging_in_place : staging
+                                  : t == scratch ? staging_spare
+                                                 : staging);
+        consider(t, states[s], held, 0, 0, t == scratch ? block : 0);
       }
       // In place in the scratch of the block before (not the source: i > 0), the target spare.
-      if (t == 0 && !last && in_place && i > 0 && states[0].reachable && before == block)
-        consider(0, states[0], before + staging_spare_in_place, true);
+      if (t == scratch && !last && in_place && i > 0 && states[scratch].reachable &&
+          states[scratch].held == block)
+        consider(scratch, states[scratch], block + staging_spare_in_place, bit, 0, block);
     }
-    states[0] = next[0];
-    states[1] = next[1];
-    before = block;
+    // A slab kept where it lies, in the source or the block before's scratch (not the target:
+    // the next step may write there).
+    if (!last && !fused && chunk_is_slab(c))
+      for (int s : {scratch, view})
+        if (states[s].reachable) consider(view, states[s], states[s].held, 0, bit, states[s].held);
+    states[scratch] = next[scratch];
+    states[in_target] = next[in_target];
+    states[view] = next[view];
   }
-  const State& best = states[1];
-  return {best.in_target, best.reuses, best.peak};
+  const State& best = states[in_target];
+  return {best.in_target, best.reuses, best.views, best.peak};
 }
 
 // Every step of `plan` on the rank at `me`: reads its source block from `src`, writes its
@@ -1134,6 +1160,10 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
   for (std::size_t stage = 0; stage < n; ++stage) {
     const std::size_t first = stages[stage].first, i = stages[stage].last;
     StepContext c = step_context(plan, i, me, (point_to_point >> i & 1u) != 0);
+    if ((placed.views >> i & 1u) != 0) {  // a slab of the block before, read where it lies
+      if (!c.want.empty()) cur += slab_offset(c.want, c.have, elem);
+      continue;
+    }
     // The target, unless this block goes to scratch; the step runs in place when its block is
     // in the target too, and may stage in the target when neither is.
     std::byte* out = dst;
