@@ -6,6 +6,8 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -254,10 +256,30 @@ std::string json_list(const V& v) {
   return out + "]";
 }
 
+// The plan's scratch on the strided backends (MPI, the simulator) against issue 5's bound.
+struct MemoryReport {
+  std::int64_t strided = 0;  // workspace_bytes<SimulatedBackend>: the busiest rank's
+  bool within_ends = true;   // every rank's at most the larger of its source and target blocks
+  bool blocks_within_ends = true;
+};
+
+MemoryReport memory_report(const Plan& plan) {
+  MemoryReport m;
+  m.blocks_within_ends = blocks_within_ends(plan);
+  for (int rank = 0; rank < plan.src().mesh().size(); ++rank) {
+    const std::int64_t held = workspace_bytes<SimulatedBackend>(plan, rank);
+    m.strided = std::max(m.strided, held);
+    m.within_ends = m.within_ends &&
+                    held <= std::max(plan.src().local_bytes(rank), plan.dst().local_bytes(rank));
+  }
+  return m;
+}
+
 void print_json(const Plan& plan, std::string_view kind) {
   const Layout& src = plan.src();
   const Layout& dst = plan.dst();
   const DeviceMesh& mesh = src.mesh();
+  const MemoryReport m = memory_report(plan);
   std::string out = fmt::format(
       "{{\"kind\":\"{}\",\"mesh\":{},\"shape\":{},\"dtype\":\"{}\",\"elem_bytes\":{},", kind,
       json_list(mesh.shape()), json_list(src.global_shape()), src.dtype(), src.elem_bytes());
@@ -285,19 +307,21 @@ void print_json(const Plan& plan, std::string_view kind) {
   }
   out += fmt::format(
       "],\"bytes_recv_max\":{},\"bytes_send_max\":{},\"lower_bound_bytes_recv_max\":{},"
-      "\"est_us\":{:.4f},\"workspace_bytes\":{},\"blocks_within_ends\":{},\"ranks\":[",
+      "\"est_us\":{:.4f},\"workspace_bytes\":{},\"workspace_bytes_strided\":{},"
+      "\"scratch_within_ends\":{},\"blocks_within_ends\":{},\"ranks\":[",
       plan.bytes_recv_max(), plan.bytes_send_max(), plan.lower_bound_bytes_recv_max(),
-      plan.est_us(), workspace_bytes(plan), blocks_within_ends(plan));
+      plan.est_us(), workspace_bytes(plan), m.strided, m.within_ends, m.blocks_within_ends);
   for (int i = 0; i < mesh.size(); ++i) {
     const int rank = mesh.rank_at(i);
 
     const RankBytes bytes = rank_bytes(plan, rank);
     out += fmt::format(
         "{}{{\"rank\":{},\"coord\":{},\"src_offset\":{},\"src_shape\":{},\"dst_offset\":{},"
-        "\"dst_shape\":{},\"bytes_recv\":{},\"bytes_send\":{}}}",
+        "\"dst_shape\":{},\"bytes_recv\":{},\"bytes_send\":{},\"workspace_bytes_strided\":{}}}",
         i ? "," : "", rank, json_list(mesh.coordinate(rank)), json_list(src.global_offset(rank)),
         json_list(src.local_shape(rank)), json_list(dst.global_offset(rank)),
-        json_list(dst.local_shape(rank)), bytes.recv, bytes.send);
+        json_list(dst.local_shape(rank)), bytes.recv, bytes.send,
+        workspace_bytes<SimulatedBackend>(plan, rank));
   }
   out += "]}\n";
   fmt::print("{}", out);
@@ -448,9 +472,12 @@ int run(Options o) {
   if (kind != "forward")
     fmt::print("{} plan of {} -> {}\n", kind, src.placements(), dst.placements());
   fmt::print("{}", explain(plan));
-  fmt::print("memory: scratch at most {} per rank (any backend), blocks between steps {}\n\n",
-             human_bytes(workspace_bytes(plan)),
-             blocks_within_ends(plan) ? "within both ends" : "larger than both ends on some rank");
+  const MemoryReport m = memory_report(plan);
+  fmt::print(
+      "memory: scratch at most {} per rank (any backend), {} on MPI and the simulator ({} the "
+      "larger of each rank's source and target blocks there); blocks between steps {}\n\n",
+      human_bytes(workspace_bytes(plan)), human_bytes(m.strided), m.within_ends ? "within" : "over",
+      m.blocks_within_ends ? "within both ends" : "larger than both ends on some rank");
   print_layout("from", plan.src());
   print_layout("to", plan.dst());
   return o.execute ? execute_and_report(plan, o, true) : 0;

@@ -32,6 +32,13 @@ expect_in "memory any" "larger than both ends on some rank"
 check "memory bounded" 0 "$tool" --mesh 2x2 --shape 8x16 --from 'S(0),S(0)' --to 'S(1),S(1)' \
   --memory bounded
 expect_in "memory bounded" "blocks between steps within both ends"
+expect_in "memory bounded" "(within the larger of each rank's source and target blocks there)"
+check "scratch over the ends" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'S(0),P(sum)' \
+  --to 'S(1),S(1)' --memory bounded
+expect_in "scratch over the ends" "384 B on MPI and the simulator (over the larger"
+check "scratch json" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'S(0),S(1)' --json
+expect_in "scratch json" '"workspace_bytes":256,"workspace_bytes_strided":128,"scratch_within_ends":true'
+expect_in "scratch json" '"workspace_bytes_strided":128}'
 check "json" 0 "$tool" --mesh 2x4 --shape 1024x4096 --dtype bf16 --from 'S(0),R' --to 'R,S(1)' --json
 for key in '"mesh":[2,4]' '"shape":[1024,4096]' '"dtype":"bf16"' '"elem_bytes":2' \
            '"from":["S(0)","R"]' '"to":["R","S(1)"]' '"op":"chunk"' '"op":"all_gather","mesh_dims":[0]' \

@@ -921,10 +921,8 @@ TEST_CASE("a chunk that keeps a slab of its block is read where it lies", "[exec
       const SimulatedRun run = run_simulated<float>(plan, packing);
       for (int r = 0; r < mesh.size(); ++r)
         CHECK(run.scratch_peak[static_cast<std::size_t>(r)] ==
-              detail::rank_workspace_bytes(
-                  plan, mesh.coordinate_at(r), 0,
-                  packing ? detail::LinkAbilities{}
-                          : detail::abilities_of<detail::Link<SimulatedBackend>>));
+              (packing ? workspace_bytes<PackingBackend>(plan, mesh.rank_at(r))
+                       : workspace_bytes<SimulatedBackend>(plan, mesh.rank_at(r))));
     }
   }
 }

@@ -60,6 +60,14 @@ std::int64_t workspace_bytes(const Plan& plan) {
   return detail::workspace_bytes(plan, 0, detail::abilities_of<detail::Link<B>>);
 }
 
+// What execute() holds on global rank `rank` on backend B: the figure its ExecuteStats report.
+template <Backend B>
+std::int64_t workspace_bytes(const Plan& plan, int rank) {
+  // coordinate() names a rank outside the mesh.
+  return detail::rank_workspace_bytes(plan, plan.src().mesh().coordinate(rank), 0,
+                                      detail::abilities_of<detail::Link<B>>);
+}
+
 // What one execute() call used, for tests and tuning.
 struct ExecuteStats {
   // The most scratch memory held at once: blocks between steps plus a step's staging.
