@@ -927,6 +927,57 @@ TEST_CASE("a chunk that keeps a slab of its block is read where it lies", "[exec
   }
 }
 
+TEST_CASE("under Memory::bounded, a collective that stages past the larger end runs in bands",
+          "[execute][memory]") {
+  // (S(1), S(1)) -> (R, R) on 2x2 all-gathers twice. On a backend that packs, the second
+  // gathers the column pieces of the whole 8x16 tensor into staging (512 B) and unpacks them,
+  // beside the 8x8 block it reads in scratch (256 B): 768 B, where the larger end is 512 B. In
+  // bands of 4 rows it is two all-gathers of the group, each staging 256 B: 512 B.
+  const DeviceMesh mesh({2, 2});
+  const Layout src(mesh, parse_placements("S(1),S(1)"), {8, 16});
+  const Layout dst(mesh, parse_placements("R,R"), {8, 16});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 2);
+  REQUIRE(plan[1].kind == StepKind::all_gather);
+  const detail::StepContext second = detail::step_context(plan, 1, MeshCoord{0, 0}, false);
+  CHECK(detail::band_rows(second, {}, false, true) == 4);
+  // A backend that receives the pieces strided stages nothing; a batch runs one call per step.
+  CHECK(detail::band_rows(second, detail::abilities_of<detail::Link<SimulatedBackend>>, false,
+                          true) == 0);
+  CHECK(detail::band_rows(second, detail::LinkAbilities{.one_call_per_step = true}, false, true) ==
+        0);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 512);
+  run_strided_and_packed(plan);
+  // Without the bound, one call.
+  const Plan any = plan_redistribute(src, dst);
+  REQUIRE(any.steps() == plan.steps());
+  CHECK(workspace_bytes<PackingBackend>(any) == 768);
+
+  // Every pair of the matrix on 2x2 and 2x4, even and uneven, under both objectives: the same
+  // bits packed as strided, bytes as planned, scratch as planned (run_strided_and_packed).
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int banded = 0, runs = 0;
+  for (const DeviceMesh& m : {DeviceMesh({2, 2}), DeviceMesh({2, 4})})
+    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+        for (Objective objective : {Objective::time, Objective::bytes}) {
+          const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape),
+                                           {.objective = objective, .memory = Memory::bounded});
+          if (p.empty()) continue;
+          ++runs;
+          run_strided_and_packed(p);
+          const MeshCoord origin(2, 0);
+          if (detail::rank_workspace_bytes(p, origin, 0, {}) !=
+              detail::rank_workspace_bytes(p, origin, 0, {.one_call_per_step = true}))
+            ++banded;
+        }
+    });
+  fmt::print("bands: {} of {} bounded plans run a step in bands on a packing backend\n", banded,
+             runs);
+  CHECK(banded > 100);
+}
+
 TEST_CASE("local steps in a row run as one pass over the last block", "[execute][memory]") {
   // Fill then chunk, scale then chunk, chunk then fill, chunks: one pass from the block before
   // them to the block after (no block between), under both ways of making a Partial from

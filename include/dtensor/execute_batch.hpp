@@ -392,7 +392,13 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
 
 // A batch's link takes an all-to-all's and an all-gather's strided pieces (BatchLink): its
 // round packs them from where they lie.
-inline constexpr LinkAbilities batch_link_abilities{true, true};
+inline constexpr LinkAbilities batch_link_abilities{true, true, false, true};
+
+// A batch's steps are one operation each, which its driver fuses into rounds: no bands.
+template <class B>
+inline constexpr LinkAbilities abilities_of<BatchLink<B>>{StridedLink<BatchLink<B>>,
+                                                          StridedGatherLink<BatchLink<B>>,
+                                                          StridedExchangeLink<BatchLink<B>>, true};
 
 // Whether a step of round r of `batch` moves strided pieces on the rank at `me`.
 template <std::size_t N>

@@ -79,7 +79,8 @@ enum class Memory : std::uint8_t {
   any,      // whatever the cheapest plan holds
   bounded,  // on every rank, no block between steps larger than the larger of its source and
             // target blocks, wherever some candidate plan allows it; uneven pieces move at their
-            // exact sizes (Padding::automatic pads nothing)
+            // exact sizes (Padding::automatic pads nothing); the executor runs a collective
+            // whose staging would not fit beside them in bands of rows (docs/execution.md)
 };
 
 // Choices for plan_redistribute.

@@ -41,6 +41,10 @@ struct StepContext {
   // only sizes are computed).
   std::byte* spare = nullptr;
   std::size_t spare_bytes = 0;
+  // Run in bands (band_rows): the rows of tensor dim 0 this call moves; every block and piece
+  // of the step is cut to them.
+  bool banded = false;
+  Range band{};
 };
 
 inline std::size_t bytes_of(const Box& b, std::size_t elem) {
@@ -85,7 +89,12 @@ inline StridedPieces pieces_along(const Shape& shape, int d, int g, std::size_t 
 inline Box member_box(const StepContext& c, const Layout& l, int j) {
   MeshCoord m = c.me;
   m[c.step.mesh_dim] = j;
-  return l.local_box(m);
+  Box b = l.local_box(m);
+  if (c.banded) {
+    b.offset[0] = c.band.start;
+    b.shape[0] = c.band.size;
+  }
+  return b;
 }
 
 inline int global_rank(const StepContext& c, int j) {
@@ -128,6 +137,7 @@ struct LinkAbilities {
   bool strided_all_to_all = false;  // sends and receives strided pieces (StridedLink)
   bool strided_all_gather = false;  // receives an all-gather's strided pieces (StridedGatherLink)
   bool strided_exchange = false;    // point-to-point messages strided (StridedExchangeLink)
+  bool one_call_per_step = false;   // a step is one operation (a batch's rounds): no bands
 };
 
 template <class L>
@@ -941,6 +951,69 @@ inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_p
   }
 }
 
+// Step c cut to rows [start, start + size) of tensor dim 0 (band_rows).
+inline StepContext banded(const StepContext& c, std::int64_t start, std::int64_t size) {
+  StepContext b = c;
+  b.banded = true;
+  b.band = {c.have.offset[0] + start, size};
+  b.have.offset[0] = b.want.offset[0] = b.band.start;
+  b.have.shape[0] = b.want.shape[0] = size;
+  return b;
+}
+
+// Under Memory::bounded, a native all-gather, reduce-scatter or all-to-all (even or padded)
+// that stages more than a member of its group has room for runs in bands of tensor dim 0, one
+// collective of the group per band, each moving its rows: the rows per band, 0 for one call.
+// A member's room is the larger of its source and target blocks less the blocks the step
+// reads and writes, counted as held in scratch unless they are the source (the first stage) or
+// the target (the last). Every member computes the same figure: the pieces' staging is the same
+// on all (even or padded), and the rooms are the members' own. The step must not cut dim 0,
+// which its group then holds alike; no bands on a link that runs a step as one operation.
+inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first, bool last) {
+  const Plan& plan = c.plan;
+  if (a.one_call_per_step || plan.options().memory != Memory::bounded || c.messages ||
+      !(c.even || c.step.padded) || c.have.shape.empty())
+    return 0;
+  const int k = c.step.mesh_dim;
+  const Placement from = c.step.before[k], to = c.step.after[k];
+  switch (c.step.kind) {
+    case StepKind::all_gather:
+    case StepKind::all_to_all: break;
+    case StepKind::reduce_scatter:
+      if (scatters_by_messages(c, a)) return 0;
+      break;
+    default: return 0;
+  }
+  if (from.is_shard(0) || to.is_shard(0)) return 0;
+  const std::int64_t rows = c.have.shape[0];
+  const std::size_t staging = step_staging(c, a);
+  if (rows < 2 || staging == 0) return 0;
+  const std::size_t per_row =
+      (staging + static_cast<std::size_t>(rows) - 1) / static_cast<std::size_t>(rows);
+  std::int64_t room = INT64_MAX;
+  for (int j = 0; j < plan.src().mesh().size(k); ++j) {
+    MeshCoord m = c.me;
+    m[k] = j;
+    const auto ends = static_cast<std::int64_t>(std::max(
+        bytes_of(plan.src().local_box(m), c.elem), bytes_of(plan.dst().local_box(m), c.elem)));
+    const auto held =
+        static_cast<std::int64_t>((first ? 0 : bytes_of(member_box(c, c.before, j), c.elem)) +
+                                  (last ? 0 : bytes_of(member_box(c, c.after, j), c.elem)));
+    room = std::min(room, ends - held);
+  }
+  if (room < static_cast<std::int64_t>(per_row) || staging <= static_cast<std::size_t>(room))
+    return 0;
+  return room / static_cast<std::int64_t>(per_row);
+}
+
+// The most staging of step c run in bands of `rows` rows (its first band and its last, the
+// only sizes it has), over a link with abilities `a`.
+inline std::size_t banded_staging(const StepContext& c, std::int64_t rows, LinkAbilities a) {
+  const std::int64_t all = c.have.shape[0], rest = all % rows;
+  const std::size_t first = step_staging(banded(c, 0, rows), a);
+  return rest == 0 ? first : std::max(first, step_staging(banded(c, all - rest, rest), a));
+}
+
 // R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
 template <class Ops>
 void make_partial(const Ops& ops, const StepContext& c, std::byte* out) {
@@ -1084,14 +1157,18 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     const Stage& stage = stages[i];
     StepContext c = step_context(plan, stage.last, me, (point_to_point >> stage.last & 1u) != 0);
     const bool fused = stage.first != stage.last;  // no staging, not in place
-    const std::size_t staging = fused ? 0 : step_staging(c, a);
-    const bool in_place = !fused && runs_in_place(c);
+    const bool last = i + 1 == n;
+    const std::int64_t rows = fused ? 0 : band_rows(c, a, i == 0, last);  // 0: one call
+    auto staging_of = [&](const StepContext& x) {
+      return fused ? 0 : rows > 0 ? banded_staging(x, rows, a) : step_staging(x, a);
+    };
+    const std::size_t staging = staging_of(c);
+    const bool in_place = !fused && rows == 0 && runs_in_place(c);
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
     c.spare_bytes = target;  // the target free during the stage: its room is spare
-    const std::size_t staging_spare = fused ? 0 : step_staging(c, a);
+    const std::size_t staging_spare = staging_of(c);
     const std::size_t staging_spare_in_place = in_place ? step_staging(c, a, true) : 0;
     const std::size_t block = bytes_of(c.want, elem);
-    const bool last = i + 1 == n;
     const std::uint32_t bit = 1u << stage.last;
     State next[3] = {};
     auto consider = [&](int t, const State& from, std::size_t held, std::uint32_t reuse,
@@ -1133,6 +1210,34 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
   return {best.in_target, best.reuses, best.views, best.peak};
 }
 
+// One step (not fused) on its blocks: the bytes of staging it allocated.
+template <class L, class Ops>
+Task<std::size_t> run_step(L link, const Ops& ops, const StepContext& c, const std::byte* cur,
+                           std::byte* out) {
+  switch (c.step.kind) {
+    case StepKind::identity:
+    case StepKind::chunk:
+      // An identity step's group is one rank: its block is unchanged.
+      if (cur != out) copy_piece(ops, cur, c.have, out, c.want, c.want, c.elem);
+      co_return 0;
+    case StepKind::scale:
+      if (cur != out) ops.copy(out, cur, bytes_of(c.want, c.elem));
+      make_partial(ops, c, out);
+      co_return 0;
+    case StepKind::fill: fill_partial(ops, c, cur, out); co_return 0;
+    case StepKind::all_gather: co_return co_await run_all_gather(link, ops, c, cur, out);
+    case StepKind::reduce_scatter: co_return co_await run_reduce_scatter(link, ops, c, cur, out);
+    case StepKind::all_reduce:
+      if (c.messages) co_return co_await run_all_reduce_exact(link, ops, c, cur, out);
+      co_await link.all_reduce(c.step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
+                               c.plan.src().dtype(), c.step.before[c.step.mesh_dim].reduce_op());
+      co_return 0;
+    case StepKind::all_to_all: co_return co_await run_all_to_all(link, ops, c, cur, out);
+    case StepKind::exchange: co_return co_await run_exchange(link, ops, c, cur, out);
+  }
+  co_return 0;
+}
+
 // Every step of `plan` on the rank at `me`: reads its source block from `src`, writes its
 // target block to `dst`, and records in `*scratch_peak` (when given) the most scratch memory it
 // held at once. The steps whose bit is set in `point_to_point` run as point-to-point messages
@@ -1164,6 +1269,8 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
       if (!c.want.empty()) cur += slab_offset(c.want, c.have, elem);
       continue;
     }
+    const std::int64_t rows_per_band =
+        first == i ? band_rows(c, abilities_of<L>, stage == 0, stage + 1 == n) : 0;
     // The target, unless this block goes to scratch; the step runs in place when its block is
     // in the target too, and may stage in the target when neither is.
     std::byte* out = dst;
@@ -1182,36 +1289,19 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
       }
     }
     std::size_t staged = 0;
-    if (first != i)  // fused local steps
+    if (first != i) {  // fused local steps
       run_local_steps(ops, plan, first, i, me, cur, out);
-    else
-      switch (c.step.kind) {
-        case StepKind::identity:
-        case StepKind::chunk:
-          // An identity step's group is one rank: its block is unchanged.
-          if (cur != out) copy_piece(ops, cur, c.have, out, c.want, c.want, elem);
-          break;
-        case StepKind::scale:
-          if (cur != out) ops.copy(out, cur, bytes_of(c.want, elem));
-          make_partial(ops, c, out);
-          break;
-        case StepKind::fill: fill_partial(ops, c, cur, out); break;
-        case StepKind::all_gather: staged = co_await run_all_gather(link, ops, c, cur, out); break;
-        case StepKind::reduce_scatter:
-          staged = co_await run_reduce_scatter(link, ops, c, cur, out);
-          break;
-        case StepKind::all_reduce:
-          if (c.messages) {
-            staged = co_await run_all_reduce_exact(link, ops, c, cur, out);
-            break;
-          }
-          co_await link.all_reduce(c.step.mesh_dim, cur, out,
-                                   static_cast<std::size_t>(c.have.numel()), plan.src().dtype(),
-                                   c.step.before[c.step.mesh_dim].reduce_op());
-          break;
-        case StepKind::all_to_all: staged = co_await run_all_to_all(link, ops, c, cur, out); break;
-        case StepKind::exchange: staged = co_await run_exchange(link, ops, c, cur, out); break;
+    } else if (rows_per_band > 0) {  // one collective per band of rows (band_rows)
+      const std::int64_t rows = c.have.shape[0];
+      for (std::int64_t r = 0; r < rows; r += rows_per_band) {
+        const StepContext b = banded(c, r, std::min(rows_per_band, rows - r));
+        staged = std::max(staged,
+                          co_await run_step(link, ops, b, cur + slab_offset(b.have, c.have, elem),
+                                            out + slab_offset(b.want, c.want, elem)));
       }
+    } else {
+      staged = co_await run_step(link, ops, c, cur, out);
+    }
     if (scratch_peak != nullptr) {
       const auto held = static_cast<std::int64_t>(before.size() + after.size() + staged);
       *scratch_peak = std::max(*scratch_peak, held);
