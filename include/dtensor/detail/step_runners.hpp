@@ -968,14 +968,13 @@ inline StepContext banded(const StepContext& c, std::int64_t start, std::int64_t
 // reads and writes, counted as held in scratch unless they are the source (the first stage) or
 // the target (the last). Every member computes the same figure: the pieces' staging is the same
 // on all (even or padded), and the rooms are the members' own. The step must not cut dim 0,
-// which its group then holds alike; no bands on a link that runs a step as one operation.
+// which its group then holds alike. Not for point-to-point rounds (the whole mesh meets in
+// each), nor on a link that runs a step as one operation, nor where even one row does not fit.
 inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first, bool last) {
   const Plan& plan = c.plan;
   if (a.one_call_per_step || plan.options().memory != Memory::bounded || c.messages ||
       !(c.even || c.step.padded) || c.have.shape.empty())
     return 0;
-  const int k = c.step.mesh_dim;
-  const Placement from = c.step.before[k], to = c.step.after[k];
   switch (c.step.kind) {
     case StepKind::all_gather:
     case StepKind::all_to_all: break;
@@ -984,12 +983,12 @@ inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first,
       break;
     default: return 0;
   }
-  if (from.is_shard(0) || to.is_shard(0)) return 0;
+  const int k = c.step.mesh_dim;
   const std::int64_t rows = c.have.shape[0];
-  const std::size_t staging = step_staging(c, a);
-  if (rows < 2 || staging == 0) return 0;
-  const std::size_t per_row =
-      (staging + static_cast<std::size_t>(rows) - 1) / static_cast<std::size_t>(rows);
+  const auto staging = static_cast<std::int64_t>(step_staging(c, a));
+  if (c.step.before[k].is_shard(0) || c.step.after[k].is_shard(0) || rows < 2 || staging == 0)
+    return 0;
+  const std::int64_t per_row = (staging + rows - 1) / rows;
   std::int64_t room = INT64_MAX;
   for (int j = 0; j < plan.src().mesh().size(k); ++j) {
     MeshCoord m = c.me;
@@ -1001,9 +1000,8 @@ inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first,
                                   (last ? 0 : bytes_of(member_box(c, c.after, j), c.elem)));
     room = std::min(room, ends - held);
   }
-  if (room < static_cast<std::int64_t>(per_row) || staging <= static_cast<std::size_t>(room))
-    return 0;
-  return room / static_cast<std::int64_t>(per_row);
+  if (room < per_row || staging <= room) return 0;
+  return room / per_row;
 }
 
 // The most staging of step c run in bands of `rows` rows (its first band and its last, the
