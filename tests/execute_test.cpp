@@ -954,16 +954,23 @@ TEST_CASE("under Memory::bounded, a collective that stages past the larger end r
   REQUIRE(any.steps() == plan.steps());
   CHECK(workspace_bytes<PackingBackend>(any) == 768);
 
-  // Every pair of the matrix on 2x2 and 2x4, even and uneven, under both objectives: the same
-  // bits packed as strided, bytes as planned, scratch as planned (run_strided_and_packed).
+  // Every pair of the matrix on 2x2 and 2x4, even and uneven, under both objectives, and padded
+  // with balanced chunks (whose members stage differently: a padded piece is packed to send
+  // where it is not whole): the same bits packed as strided, bytes as planned, scratch as
+  // planned (run_strided_and_packed).
   const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
   int banded = 0, runs = 0;
   for (const DeviceMesh& m : {DeviceMesh({2, 2}), DeviceMesh({2, 4})})
     testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
       for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
-        for (Objective objective : {Objective::time, Objective::bytes}) {
-          const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape),
-                                           {.objective = objective, .memory = Memory::bounded});
+        for (int variant = 0; variant < 3; ++variant) {
+          const ChunkPolicy policy =
+              variant == 2 ? ChunkPolicy::balanced : ChunkPolicy::torch_chunk;
+          const Plan p = plan_redistribute(
+              Layout(m, a, shape, DType::f32, policy), Layout(m, b, shape, DType::f32, policy),
+              {.objective = variant == 1 ? Objective::bytes : Objective::time,
+               .padding = variant == 2 ? Padding::always : Padding::automatic,
+               .memory = Memory::bounded});
           if (p.empty()) continue;
           ++runs;
           run_strided_and_packed(p);

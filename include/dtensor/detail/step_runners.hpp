@@ -961,15 +961,26 @@ inline StepContext banded(const StepContext& c, std::int64_t start, std::int64_t
   return b;
 }
 
+// Step c as member j of its group runs it: that member's blocks, no spare room.
+inline StepContext as_member(const StepContext& c, int j) {
+  StepContext m = c;
+  m.me[c.step.mesh_dim] = j;
+  m.have = c.before.local_box(m.me);
+  m.want = c.after.local_box(m.me);
+  m.spare = nullptr;
+  m.spare_bytes = 0;
+  return m;
+}
+
 // Under Memory::bounded, a native all-gather, reduce-scatter or all-to-all (even or padded)
 // that stages more than a member of its group has room for runs in bands of tensor dim 0, one
 // collective of the group per band, each moving its rows: the rows per band, 0 for one call.
 // A member's room is the larger of its source and target blocks less the blocks the step
 // reads and writes, counted as held in scratch unless they are the source (the first stage) or
-// the target (the last). Every member computes the same figure: the pieces' staging is the same
-// on all (even or padded), and the rooms are the members' own. The step must not cut dim 0,
-// which its group then holds alike. Not for point-to-point rounds (the whole mesh meets in
-// each), nor on a link that runs a step as one operation, nor where even one row does not fit.
+// the target (the last). Every member computes the same figure, from every member's staging
+// (a padded piece is staged to send where it is not whole) and room. The step must not cut dim
+// 0, which its group then holds alike. Not for point-to-point rounds (the whole mesh meets in
+// each), nor on a link that runs a step as one operation, nor where one row does not fit.
 inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first, bool last) {
   const Plan& plan = c.plan;
   if (a.one_call_per_step || plan.options().memory != Memory::bounded || c.messages ||
@@ -985,23 +996,24 @@ inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first,
   }
   const int k = c.step.mesh_dim;
   const std::int64_t rows = c.have.shape[0];
-  const auto staging = static_cast<std::int64_t>(step_staging(c, a));
-  if (c.step.before[k].is_shard(0) || c.step.after[k].is_shard(0) || rows < 2 || staging == 0)
-    return 0;
-  const std::int64_t per_row = (staging + rows - 1) / rows;
-  std::int64_t room = INT64_MAX;
+  if (c.step.before[k].is_shard(0) || c.step.after[k].is_shard(0) || rows < 2) return 0;
+  std::int64_t per_band = INT64_MAX;
+  bool over = false;
   for (int j = 0; j < plan.src().mesh().size(k); ++j) {
-    MeshCoord m = c.me;
-    m[k] = j;
-    const auto ends = static_cast<std::int64_t>(std::max(
-        bytes_of(plan.src().local_box(m), c.elem), bytes_of(plan.dst().local_box(m), c.elem)));
-    const auto held =
-        static_cast<std::int64_t>((first ? 0 : bytes_of(member_box(c, c.before, j), c.elem)) +
-                                  (last ? 0 : bytes_of(member_box(c, c.after, j), c.elem)));
-    room = std::min(room, ends - held);
+    const StepContext m = as_member(c, j);
+    const auto staging = static_cast<std::int64_t>(step_staging(m, a));
+    if (staging == 0) continue;
+    const auto ends =
+        static_cast<std::int64_t>(std::max(bytes_of(plan.src().local_box(m.me), c.elem),
+                                           bytes_of(plan.dst().local_box(m.me), c.elem)));
+    const auto held = static_cast<std::int64_t>((first ? 0 : bytes_of(m.have, c.elem)) +
+                                                (last ? 0 : bytes_of(m.want, c.elem)));
+    const std::int64_t room = ends - held, per_row = (staging + rows - 1) / rows;
+    if (room < per_row) return 0;
+    over = over || staging > room;
+    per_band = std::min(per_band, room / per_row);
   }
-  if (room < per_row || staging <= room) return 0;
-  return room / per_row;
+  return over ? per_band : 0;
 }
 
 // The most staging of step c run in bands of `rows` rows (its first band and its last, the
