@@ -722,6 +722,7 @@ class MpiBackend {
       // Once complete: the average, and the narrowing back to f16 or bf16.
       if (op == ReduceOp::avg || !std::is_same_v<C, T>)
         r.then_ = [out, recv, count, g, op] {
+          static_cast<void>(recv);  // written only when narrowing (C is not T)
           if (op == ReduceOp::avg)
             for (std::size_t i = 0; i < count; ++i)
               out[i] = static_cast<C>(out[i] / static_cast<C>(g));
