@@ -4,14 +4,20 @@
 //  2. the host time execute() takes to enqueue one plan step: the library's own work (step
 //     bookkeeping, staging from the stream-ordered allocator, pack/unpack launches) with the
 //     collective itself left out, and beside it the enqueue time of NCCL's call on a
-//     one-rank communicator.
+//     one-rank communicator;
+//  3. 64 small tensors batched against one by one: host time, and wall time on 8 simulated
+//     ranks sharing the GPU.
 // Prints Markdown tables. Usage: bench_cuda [iterations]
 #include <cuda_runtime.h>
 
 #include <dtensor/backend/nccl.cuh>
+#include <dtensor/backend/simulated_device.cuh>
+#include <dtensor/batch_plan.hpp>
 #include <dtensor/cuda/check.hpp>
 #include <dtensor/cuda/device_ops.cuh>
 #include <dtensor/execute.hpp>
+#include <dtensor/execute_batch.hpp>
+#include <dtensor/parse.hpp>
 #include <dtensor/planner.hpp>
 
 #include <algorithm>
@@ -19,6 +25,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -182,6 +190,109 @@ void overhead_table(cudaStream_t stream) {
       ag, ar);
 }
 
+// 64 tensors (f32 and bf16, [rows, 16]) of 4 KiB to 256 KiB per rank on the larger side, as
+// bench_mpi_batch builds them: one execute(BatchPlan) against one execute(Plan) per tensor.
+// Host time on NoCollectives (the library's own work per batch), and the wall time of the whole
+// batch on 8 simulated ranks sharing this GPU (device copies, packing, reduction kernels; each
+// backend call a rendezvous of the ranks' threads).
+void batch_table(cudaStream_t stream) {
+  struct Pattern {
+    const char* name;
+    const char* mesh;
+    const char* from;
+    const char* to;
+  };
+  const Pattern patterns[] = {{"all-gather", "8", "S(0)", "R"},
+                              {"reduce-scatter", "8", "P", "S(0)"},
+                              {"all-reduce (2x4)", "2x4", "P,R", "R,R"},
+                              {"all-to-all", "8", "S(0)", "S(1)"}};
+  constexpr std::size_t tensors = 64;
+  std::printf(
+      "\n| pattern | collectives per rank, batched / one by one | host µs one by one | host µs "
+      "batched | "
+      "8 ranks on one GPU, one by one ms | batched ms |\n|---|---|---|---|---|---|\n");
+  for (const Pattern& p : patterns) {
+    const DeviceMesh mesh = parse_mesh(p.mesh);
+    std::vector<Redistribution> batch;
+    for (std::size_t t = 0; t < tensors; ++t) {
+      const std::int64_t bytes = std::int64_t{4096} << (t % 7);
+      const DType dtype = t % 2 == 0 ? DType::f32 : DType::bf16;
+      const std::int64_t row_bytes = 16 * static_cast<std::int64_t>(size_of(dtype));
+      const std::int64_t rows = std::max<std::int64_t>(bytes / row_bytes / 8 * 8, 8);
+      batch.push_back({Layout(mesh, parse_placements(p.from), {rows, 16}, dtype),
+                       Layout(mesh, parse_placements(p.to), {rows, 16}, dtype)});
+    }
+    const auto plan = std::make_unique<BatchPlan<tensors>>(plan_batch<tensors>(batch));
+    std::vector<Plan> singles;
+    std::int64_t calls_alone = 0;
+    for (const Redistribution& r : batch) {
+      singles.push_back(plan_redistribute(r.src, r.dst));
+      for (const Step& step : singles.back()) calls_alone += detail::communicates(step) ? 1 : 0;
+    }
+    // Host work on rank 0 with collectives that do nothing.
+    bench::NoCollectives none(mesh, stream);
+    const cuda::DeviceOps ops(stream);
+    std::vector<cuda::DeviceOps::Buffer> in, out;
+    std::vector<TensorBuffers> buffers;
+    for (const Redistribution& r : batch) {
+      const auto sb = static_cast<std::size_t>(r.src.local_bytes(mesh.rank_at(0)));
+      const auto db = static_cast<std::size_t>(r.dst.local_bytes(mesh.rank_at(0)));
+      in.push_back(ops.allocate(sb, true));
+      out.push_back(ops.allocate(db, true));
+      buffers.push_back({in.back().data(), sb, out.back().data(), db});
+    }
+    const double one_us = host_us(stream, [&] {
+      for (std::size_t t = 0; t < tensors; ++t)
+        execute(singles[t], none, buffers[t].src, buffers[t].src_bytes, buffers[t].dst,
+                buffers[t].dst_bytes);
+    });
+    const double batched_us =
+        host_us(stream, [&] { execute(*plan, none, std::span<const TensorBuffers>(buffers)); });
+    // The whole batch on 8 ranks of one GPU, wall time (median of `iterations` runs).
+    auto world_ms = [&](bool batched) {
+      DeviceSimulatedWorld world(mesh);
+      std::vector<double> times;
+      world.run([&](DeviceSimulatedBackend& b) {
+        const int rank = b.rank();
+        const cuda::DeviceOps local = b.local_ops();
+        std::vector<cuda::DeviceOps::Buffer> src, dst;
+        std::vector<TensorBuffers> mine;
+        for (const Redistribution& r : batch) {
+          const auto sb = static_cast<std::size_t>(r.src.local_bytes(rank));
+          const auto db = static_cast<std::size_t>(r.dst.local_bytes(rank));
+          src.push_back(local.allocate(sb, true));
+          dst.push_back(local.allocate(db, true));
+          mine.push_back({src.back().data(), sb, dst.back().data(), db});
+        }
+        auto once = [&] {
+          if (batched) {
+            execute(*plan, b, std::span<const TensorBuffers>(mine));
+          } else {
+            for (std::size_t t = 0; t < tensors; ++t)
+              execute(singles[t], b, mine[t].src, mine[t].src_bytes, mine[t].dst,
+                      mine[t].dst_bytes);
+          }
+          cuda::check(cudaStreamSynchronize(local.stream()), "cudaStreamSynchronize");
+        };
+        once();
+        for (int i = 0; i < iterations; ++i) {
+          const auto start = std::chrono::steady_clock::now();
+          once();
+          const auto stop = std::chrono::steady_clock::now();
+          if (rank == mesh.rank_at(0))
+            times.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+        }
+      });
+      std::sort(times.begin(), times.end());
+      return times[times.size() / 2];
+    };
+    const double one_ms = world_ms(false), batched_ms = world_ms(true);
+    std::printf("| %s | %lld / %lld | %.0f | %.0f | %.2f | %.2f |\n", p.name,
+                static_cast<long long>(plan->rounds().size()), static_cast<long long>(calls_alone),
+                one_us, batched_us, one_ms, batched_ms);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +311,7 @@ int main(int argc, char** argv) {
   cuda::check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   pack_table(stream);
   overhead_table(stream);
+  batch_table(stream);
   cudaStreamDestroy(stream);
   return 0;
 }

@@ -4,10 +4,13 @@
 #include <dtensor/verify.hpp>
 
 #include "forwarding_backend.hpp"
+#include "random_redistribution.hpp"
 
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -28,31 +31,6 @@ std::int64_t alone(const Redistribution& r) {
   const BatchVerification v = verify_batch_on_simulator(plan_batch<1>(one));
   REQUIRE(v.verified);
   return v.collectives;
-}
-
-// A random tensor of a batch on `mesh`: shape of 1 to 3 dims (even, uneven, with empty
-// shards), dtype, and placements from R, S(d), P(sum), P(max).
-Redistribution random_tensor(std::mt19937& rng, const DeviceMesh& mesh) {
-  auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
-  const int ndim = 1 + pick(3);
-  Shape shape;
-  for (int d = 0; d < ndim; ++d)
-    shape.push_back(std::array<std::int64_t, 6>{1, 3, 4, 7, 8, 16}[pick(6)]);
-  const DType dtypes[] = {DType::f32, DType::i64, DType::bf16, DType::f16, DType::i32};
-  const DType dtype = dtypes[pick(5)];
-  auto placements = [&] {
-    Placements ps;
-    for (int k = 0; k < mesh.ndim(); ++k) {
-      const int c = pick(4);
-      ps.push_back(c == 0   ? Placement::replicate()
-                   : c == 1 ? Placement::shard(pick(ndim))
-                   : c == 2 ? Placement::partial(ReduceOp::sum)
-                            : (pick(2) == 0 ? Placement::shard(pick(ndim))
-                                            : Placement::partial(ReduceOp::max)));
-    }
-    return ps;
-  };
-  return {Layout(mesh, placements(), shape, dtype), Layout(mesh, placements(), shape, dtype)};
 }
 
 using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
@@ -266,7 +244,7 @@ TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every ran
     for (int size : {1, 2, 5, 16}) {
       for (int repeat = 0; repeat < 3; ++repeat) {
         std::vector<Redistribution> batch;
-        for (int t = 0; t < size; ++t) batch.push_back(random_tensor(rng, mesh));
+        for (int t = 0; t < size; ++t) batch.push_back(testing::random_redistribution(rng, mesh));
         const BatchPlan<16> b = plan_batch<16>(batch);
         const BatchVerification v = verify_batch_on_simulator(b);
         INFO(fmt::format("mesh {} batch of {}: {}", mesh.shape(), size, v.difference));
@@ -386,4 +364,78 @@ TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
     backend.all_to_all_batched(0, parts);
   }),
                     Catch::Contains("bytes of part 0"));
+}
+
+namespace {
+
+using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
+
+}  // namespace
+
+TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[batch]") {
+  // Gradients reduce-scattered or all-reduced together (f32 and bf16 rounds, even and uneven,
+  // 1-D and 2-D meshes): every tensor equals its target block on every rank, no reduction call
+  // is left, and the scratch stays within workspace_bytes<MessageScatterBackend>(batch).
+  struct Case {
+    const char* mesh;
+    std::vector<std::pair<const char*, const char*>> pairs;
+  };
+  const Case cases[] = {{"8", {{"P", "S(0)"}}},
+                        {"2x4", {{"P,S(0)", "S(0),S(0)"}, {"R,P", "R,S(1)"}}},
+                        {"2x2", {{"P,P", "S(0),S(1)"}}},
+                        {"2x4", {{"P,R", "R,R"}, {"R,P", "R,R"}}},
+                        {"8", {{"P", "R"}}}};
+  for (const Case& c : cases) {
+    const DeviceMesh mesh = parse_mesh(c.mesh);
+    std::vector<Redistribution> tensors;
+    for (int t = 0; t < 12; ++t) {
+      const auto& [from, to] = c.pairs[static_cast<std::size_t>(t) % c.pairs.size()];
+      const Shape shape{8 * (1 + t % 4) + (t % 3 == 2 ? 3 : 0), 16};
+      tensors.push_back(pair(mesh, from, to, shape, t % 2 ? DType::bf16 : DType::f32));
+    }
+    const BatchPlan<16> b = plan_batch<16>(tensors);
+    INFO(c.mesh);
+    CHECK(std::any_of(b.rounds().begin(), b.rounds().end(), [](const BatchRound& r) {
+      return (r.kind == StepKind::reduce_scatter || r.kind == StepKind::all_reduce) &&
+             r.tensors > 1;
+    }));
+    MessageScatterBackend::calls = 0;
+    std::atomic<std::int64_t> most{0};
+    SimulatedWorld world(mesh);
+    std::mutex lock;
+    std::vector<std::string> wrong;
+    world.run([&](SimulatedBackend& simulated) {
+      const int rank = simulated.rank();
+      std::vector<std::vector<std::byte>> in, result;
+      std::vector<TensorBuffers> buffers;
+      for (const Plan& p : b) {
+        detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+          const std::vector<T> v = global_view_block<T>(p.src(), rank);
+          const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
+          in.emplace_back(bytes, bytes + v.size() * sizeof(T));
+        });
+        result.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+        buffers.push_back(
+            {in.back().data(), in.back().size(), result.back().data(), result.back().size()});
+      }
+      MessageScatterBackend backend(simulated);
+      ExecuteStats stats;
+      execute(b, backend, std::span<const TensorBuffers>(buffers), &stats);
+      std::int64_t seen = most.load();
+      while (seen < stats.scratch_peak_bytes &&
+             !most.compare_exchange_weak(seen, stats.scratch_peak_bytes)) {
+      }
+      const std::scoped_lock guard(lock);
+      for (std::size_t t = 0; t < b.size(); ++t)
+        detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
+          const std::vector<T> want = global_view_block<T>(b[t].dst(), rank);
+          if (result[t].size() != want.size() * sizeof(T) ||
+              (!want.empty() && std::memcmp(result[t].data(), want.data(), result[t].size()) != 0))
+            wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
+        });
+    });
+    CHECK(wrong == std::vector<std::string>{});
+    CHECK(MessageScatterBackend::calls == 0);
+    CHECK(most.load() <= workspace_bytes<MessageScatterBackend>(b));
+  }
 }

@@ -16,6 +16,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -636,6 +637,70 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
   const Verification v = verify_on_simulator(mixed);
   CHECK(v.verified);
   CHECK(v.difference == "");
+}
+
+namespace {
+
+using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
+
+template <class T, bool async>
+void run_scattering_by_messages(const Plan& plan, std::vector<std::vector<T>>& in,
+                                std::vector<std::vector<T>>& out,
+                                std::vector<RankBytes>& measured) {
+  const DeviceMesh& mesh = plan.src().mesh();
+  SimulatedWorld world(mesh);
+  world.run([&](SimulatedBackend& b) {
+    const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
+    MessageScatterBackend m(b);
+    if constexpr (async) {  // counts both rounds of an all-reduce by messages as operations
+      execute_async(plan, m, in[i].data(), in[i].size() * sizeof(T), out[i].data(),
+                    out[i].size() * sizeof(T))
+          .wait();
+    } else {
+      ExecuteStats stats;
+      execute(plan, m, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
+      CHECK(stats.scratch_peak_bytes == workspace_bytes<MessageScatterBackend>(plan, b.rank()));
+    }
+  });
+  for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
+}
+
+}  // namespace
+
+TEST_CASE("a backend's large reductions run as point-to-point rounds", "[execute][strided]") {
+  // Every pair of the matrix on 4, 2x2 and 2x4 whose plan reduce-scatters or all-reduces: the
+  // global view, the bytes planned and the scratch planned, with even blocks of 256 bytes and up
+  // reduced by messages (padded steps and smaller blocks keep the collective), synchronously
+  // and through execute_async.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4})};
+  int runs = 0, by_messages = 0;
+  for (const DeviceMesh& m : meshes)
+    testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Shape& shape : {Shape{16, 8}, Shape{8, 32}, Shape{5, 7}}) {
+        const Plan plan =
+            plan_redistribute(Layout(m, a, shape, DType::f32), Layout(m, b, shape, DType::f32));
+        bool reduces = false;
+        for (const Step& step : plan)
+          reduces =
+              reduces || step.kind == StepKind::reduce_scatter || step.kind == StepKind::all_reduce;
+        if (!reduces) continue;
+        MessageScatterBackend::calls = 0;
+        const Verification v =
+            detail::verify_typed<float>(plan, &run_scattering_by_messages<float, false>);
+        INFO(fmt::format("{} {} {} -> {}: {}", m, shape, a, b, v.difference));
+        CHECK(v.verified);
+        const Verification va =
+            detail::verify_typed<float>(plan, &run_scattering_by_messages<float, true>);
+        CHECK(va.verified);
+        CHECK(va.results == v.results);
+        ++runs;
+        if (MessageScatterBackend::calls == 0) ++by_messages;
+      }
+    });
+  CHECK(by_messages > 100);
+  WARN(fmt::format("{} plans with a reduce-scatter or an all-reduce, {} with every one by messages",
+                   runs, by_messages));
 }
 
 TEST_CASE("runs of one stride: where a box lies in a row-major block", "[execute][strided]") {

@@ -5,6 +5,7 @@
 // or to act before each call.
 #include <dtensor/backend.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <span>
 
@@ -49,6 +50,25 @@ class ForwardingBackend {
  protected:
   Inner& inner_;
   Before before_;
+};
+
+// SimulatedBackend-like `Inner` asking for reduce-scatters and all-reduces of blocks of 256 bytes
+// and up as point-to-point rounds reduced by the executor (as MpiBackend does from 1 MiB), and
+// counting the reductions it is still given (all ranks together).
+template <class Inner>
+class MessageReducingBackend : public ForwardingBackend<Inner> {
+ public:
+  static constexpr std::size_t reduce_messages_bytes = 256;
+  using ForwardingBackend<Inner>::ForwardingBackend;
+  void reduce_scatter(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
+    ++calls;
+    ForwardingBackend<Inner>::reduce_scatter(k, s, r, n, t, op);
+  }
+  void all_reduce(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
+    ++calls;
+    ForwardingBackend<Inner>::all_reduce(k, s, r, n, t, op);
+  }
+  static inline std::atomic<int> calls{0};
 };
 
 }  // namespace dtensor::testing

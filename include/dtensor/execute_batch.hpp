@@ -151,28 +151,6 @@ std::uint32_t messages_of(const BatchPlan<N>& batch, std::size_t t) {
   return bits;
 }
 
-// Piece j of a buffer whose pieces lie as `pieces` say (rows runs of run_bytes, run r at
-// j * run_bytes + r * stride_bytes), as a block copy between it and a contiguous piece: the
-// block's shape, the piece's place in it and the piece's shape, in elements of `elem` bytes, the
-// widest that the layout and both addresses allow.
-struct StridedPieceBox {
-  Shape block, at, piece;
-  std::size_t elem = 1;
-};
-
-inline StridedPieceBox strided_piece_box(StridedPieces pieces, std::size_t j, const void* block,
-                                         const void* packed) {
-  std::size_t e = 8;
-  while (e > 1 && (pieces.run_bytes % e != 0 || pieces.stride_bytes % e != 0 ||
-                   reinterpret_cast<std::uintptr_t>(block) % e != 0 ||
-                   reinterpret_cast<std::uintptr_t>(packed) % e != 0))
-    e /= 2;
-  const auto rows = static_cast<std::int64_t>(pieces.rows);
-  return {Shape{rows, static_cast<std::int64_t>(pieces.stride_bytes / e)},
-          Shape{0, static_cast<std::int64_t>(j * pieces.run_bytes / e)},
-          Shape{rows, static_cast<std::int64_t>(pieces.run_bytes / e)}, e};
-}
-
 // The packed size (bytes, all members) from which a batch's all-to-all round runs from the
 // tensors' buffers on B (BatchedAllToAll), as B::batched_all_to_all_bytes says where B declares
 // it (below it, packing is faster there), else at any size; never on a backend without it.
@@ -186,9 +164,68 @@ constexpr std::size_t batched_all_to_all_from() {
     return 0;
 }
 
-// Runs the parked operations `ops` of one round as one backend call, packing in `buffers`.
+// The packed size (bytes, all members) from which a batch's reduce-scatter round runs as one
+// point-to-point round reduced here (B::reduce_messages_bytes); never where B does not
+// declare it.
 template <class B>
-void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers) {
+constexpr std::size_t reduce_messages_from() {
+  if constexpr (requires { B::reduce_messages_bytes; })
+    return B::reduce_messages_bytes;
+  else
+    return std::numeric_limits<std::size_t>::max();
+}
+
+// A batch's all-reduce round of `count` elements in `packed`, in place, as two point-to-point
+// rounds (reduces_round_by_messages): the packed block's g balanced slices reduce-scattered, the
+// partials of this member's slice in the send packing buffer and reduced here in group order,
+// then all-gathered. What execute()'s run_all_reduce_by_messages does for one tensor.
+template <class B>
+void all_reduce_by_messages(B& backend, int k, std::byte* packed, std::size_t count,
+                            std::size_t elem, DType dtype, ReduceOp op,
+                            PackingBuffers<B>& buffers) {
+  const MeshGroup group = backend.mesh().group(backend.rank(), k);
+  const int g = group.size, me = group.index;
+  const auto n = static_cast<std::int64_t>(count);
+  auto at = [&](const Range& r) { return packed + static_cast<std::size_t>(r.start) * elem; };
+  auto bytes = [&](const Range& r) { return static_cast<std::size_t>(r.size) * elem; };
+  const Range own = chunk_range(n, g, me, ChunkPolicy::balanced);
+  std::byte* staged = PackingBuffers<B>::at_least(backend, buffers.send,
+                                                  static_cast<std::size_t>(g - 1) * bytes(own));
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+  std::vector<const void*> parts(static_cast<std::size_t>(g));
+  std::size_t next = 0;
+  for (int j = 0; j < g; ++j) {
+    if (j == me) {
+      parts[static_cast<std::size_t>(j)] = at(own);
+      continue;
+    }
+    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
+    std::byte* partial = staged + next++ * bytes(own);
+    parts[static_cast<std::size_t>(j)] = partial;
+    if (r.size != 0) sends.push_back({group.rank(j), at(r), bytes(r)});
+    if (own.size != 0) recvs.push_back({group.rank(j), partial, bytes(own)});
+  }
+  backend.exchange(sends, recvs);
+  if (own.size != 0)
+    local_ops_of(backend).reduce(dtype, at(own), parts, static_cast<std::size_t>(own.size), op);
+  sends.clear();
+  recvs.clear();
+  for (int j = 0; j < g; ++j) {
+    if (j == me) continue;
+    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
+    if (own.size != 0) sends.push_back({group.rank(j), at(own), bytes(own)});
+    if (r.size != 0) recvs.push_back({group.rank(j), at(r), bytes(r)});
+  }
+  backend.exchange(sends, recvs);
+}
+
+// Runs the parked operations `ops` of one round as one backend call, packing in `buffers`; a
+// reduce-scatter or all-reduce round as point-to-point rounds where `reduce_by_messages`
+// (reduces_round_by_messages).
+template <class B>
+void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers,
+               bool reduce_by_messages) {
   const auto local = local_ops_of(backend);
   using Packing = PackingBuffers<B>;
   const ParkedOp& first = *ops.front();
@@ -273,6 +310,7 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     for (std::size_t i = 0; i < from.size(); ++i)
       if (from_bytes[i]) recvs.push_back({from[i], staged + from_at[i], from_bytes[i]});
     std::vector<std::size_t> fill = to_at;
+    std::vector<RunCopy> copies;  // issued together (copy_runs)
     for (const ParkedOp* o : ops)
       for (const SendMessage& m : o->sends) {
         if (m.bytes >= direct) {
@@ -280,21 +318,24 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
           continue;
         }
         const std::size_t i = slot(to, to_bytes, m.peer);
-        if (m.bytes) local.copy(packed + fill[i], m.data, m.bytes);
+        if (m.bytes) copies.push_back({m.data, packed + fill[i], 1, m.bytes, m.bytes, m.bytes});
         fill[i] += m.bytes;
       }
+    copy_runs(local, std::span<const RunCopy>(copies));
     for (const ParkedOp* o : ops)
       for (const RecvMessage& m : o->recvs)
         if (m.bytes >= direct) recvs.push_back(m);
     backend.exchange(sends, recvs);
     fill = from_at;
+    copies.clear();
     for (const ParkedOp* o : ops)
       for (const RecvMessage& m : o->recvs) {
         if (m.bytes >= direct) continue;
         const std::size_t i = slot(from, from_bytes, m.peer);
-        if (m.bytes) local.copy(m.data, staged + fill[i], m.bytes);
+        if (m.bytes) copies.push_back({staged + fill[i], m.data, 1, m.bytes, m.bytes, m.bytes});
         fill[i] += m.bytes;
       }
+    copy_runs(local, std::span<const RunCopy>(copies));
     return;
   }
   const int k = first.mesh_dim;
@@ -311,33 +352,41 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   // Tensor t's piece for group member j sits at j * piece(t) in its own buffer (or where its
   // StridedPieces put it) and at j * total + off[t] in the packed one; `members` pieces per
   // tensor (1 for a block).
+  // One copy per tensor and member, all issued together (copy_runs).
+  std::vector<RunCopy> copies;
   auto pack = [&](std::byte* packed, std::size_t members) {
+    copies.clear();
     for (std::size_t j = 0; j < members; ++j)
       for (std::size_t t = 0; t < ops.size(); ++t) {
         const auto* from = static_cast<const std::byte*>(ops[t]->send);
         if (!piece(t)) continue;
         std::byte* to = packed + j * total + off[t];
         if (ops[t]->strided && members > 1) {
-          const StridedPieceBox b = strided_piece_box(ops[t]->sent, j, from, to);
-          local.copy_box(from, b.block, b.at, to, b.piece, Shape{0, 0}, b.piece, b.elem);
+          const StridedPieces& p = ops[t]->sent;
+          copies.push_back(
+              {from + j * p.run_bytes, to, p.rows, p.run_bytes, p.stride_bytes, p.run_bytes});
         } else {
-          local.copy(to, from + j * piece(t), piece(t));
+          copies.push_back({from + j * piece(t), to, 1, piece(t), piece(t), piece(t)});
         }
       }
+    copy_runs(local, std::span<const RunCopy>(copies));
   };
   auto unpack = [&](const std::byte* packed, std::size_t members) {
+    copies.clear();
     for (std::size_t j = 0; j < members; ++j)
       for (std::size_t t = 0; t < ops.size(); ++t) {
         auto* to = static_cast<std::byte*>(ops[t]->recv);
         if (!piece(t)) continue;
         const std::byte* from = packed + j * total + off[t];
         if (ops[t]->strided && members > 1) {
-          const StridedPieceBox b = strided_piece_box(ops[t]->received, j, to, from);
-          local.copy_box(from, b.piece, Shape{0, 0}, to, b.block, b.at, b.piece, b.elem);
+          const StridedPieces& p = ops[t]->received;
+          copies.push_back(
+              {from, to + j * p.run_bytes, p.rows, p.run_bytes, p.run_bytes, p.stride_bytes});
         } else {
-          local.copy(to + j * piece(t), from, piece(t));
+          copies.push_back({from, to + j * piece(t), 1, piece(t), piece(t), piece(t)});
         }
       }
+    copy_runs(local, std::span<const RunCopy>(copies));
   };
   switch (first.kind) {
     case Kind::all_gather: {
@@ -373,6 +422,32 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     }
     case Kind::reduce_scatter: {
       std::byte* send = Packing::at_least(backend, buffers.send, g * total);
+      if (reduce_by_messages) {
+        // One point-to-point round (B::reduce_messages_bytes): member j's slice of the
+        // packed block to member j, the g partials of this member's slice reduced here in group
+        // order, into the first other member's partial.
+        const MeshGroup group = backend.mesh().group(backend.rank(), k);
+        std::byte* recv = Packing::at_least(backend, buffers.recv, (g - 1) * total);
+        pack(send, g);
+        std::vector<SendMessage> sends;
+        std::vector<RecvMessage> recvs;
+        std::vector<const void*> parts(g);
+        std::size_t next = 0;
+        for (std::size_t j = 0; j < g; ++j) {
+          const int peer = group.rank(static_cast<int>(j));
+          if (static_cast<int>(j) == group.index) {
+            parts[j] = send + j * total;
+            continue;
+          }
+          sends.push_back({peer, send + j * total, total});
+          recvs.push_back({peer, recv + next * total, total});
+          parts[j] = recv + next++ * total;
+        }
+        backend.exchange(sends, recvs);
+        local.reduce(first.dtype, recv, parts, total / elem, first.op);
+        unpack(recv, 1);
+        return;
+      }
       std::byte* recv = Packing::at_least(backend, buffers.recv, total);
       pack(send, g);
       backend.reduce_scatter(k, send, recv, total / elem, first.dtype, first.op);
@@ -382,7 +457,12 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     case Kind::all_reduce: {  // in place
       std::byte* packed = Packing::at_least(backend, buffers.recv, total);
       pack(packed, 1);
-      backend.all_reduce(k, packed, packed, total / elem, first.dtype, first.op);
+      if (reduce_by_messages && g > 1) {
+        all_reduce_by_messages(backend, k, packed, total / elem, elem, first.dtype, first.op,
+                               buffers);
+      } else {
+        backend.all_reduce(k, packed, packed, total / elem, first.dtype, first.op);
+      }
       unpack(packed, 1);
       return;
     }
@@ -430,6 +510,40 @@ inline std::size_t round_part_bytes(const Plan& p, std::size_t s, const MeshCoor
   }
 }
 
+// The bytes round r packs per group member on the rank at `me` (collective rounds).
+template <std::size_t N>
+std::size_t round_member_bytes(const BatchPlan<N>& batch, std::size_t r, const MeshCoord& me) {
+  std::size_t total = 0;
+  for (std::size_t t = 0; t < batch.size(); ++t)
+    for (std::size_t s = 0; s < batch[t].size(); ++s)
+      if (batch.round_of(t, s) == static_cast<int>(r)) total += round_part_bytes(batch[t], s, me);
+  return total;
+}
+
+// The first tensor with a step in round r, -1 if none.
+template <std::size_t N>
+int first_tensor_of_round(const BatchPlan<N>& batch, std::size_t r) {
+  for (std::size_t t = 0; t < batch.size(); ++t)
+    for (std::size_t s = 0; s < batch[t].size(); ++s)
+      if (batch.round_of(t, s) == static_cast<int>(r)) return static_cast<int>(t);
+  return -1;
+}
+
+// Whether round r, a reduce-scatter or an all-reduce of two tensors or more, runs as
+// point-to-point rounds on a backend that asks for it from `from` packed bytes
+// (reduce_messages_from): decided on the first rank's packed block, so that every rank of the
+// mesh decides alike.
+template <std::size_t N>
+bool reduces_round_by_messages(const BatchPlan<N>& batch, std::size_t r, std::size_t from) {
+  const BatchRound& round = batch.rounds()[r];
+  const bool scatter = round.kind == StepKind::reduce_scatter;
+  if ((!scatter && round.kind != StepKind::all_reduce) || round.tensors < 2) return false;
+  const DeviceMesh& mesh = batch[0].src().mesh();
+  const auto g = static_cast<std::size_t>(mesh.size(round.mesh_dim));
+  const std::size_t total = round_member_bytes(batch, r, mesh.coordinate(mesh.rank_at(0)));
+  return g > 1 && (scatter ? g * total : total) >= from;
+}
+
 }  // namespace detail
 
 namespace detail {
@@ -438,7 +552,8 @@ namespace detail {
 // `batched_all_to_all` packed bytes from the tensors' buffers (batched_all_to_all_from), packing
 // nothing for it.
 template <std::size_t N>
-std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batched_all_to_all) {
+std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batched_all_to_all,
+                                   std::size_t reduce_messages) {
   if (batch.empty()) return 0;
   const DeviceMesh& mesh = batch[0].src().mesh();
   std::int64_t most = 0;
@@ -460,18 +575,27 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
         round_send = b.send;
         round_recv = b.recv;
       } else {
-        std::size_t total = 0;
-        for (std::size_t t = 0; t < batch.size(); ++t)
-          for (std::size_t s = 0; s < batch[t].size(); ++s)
-            if (batch.round_of(t, s) == static_cast<int>(r))
-              total += round_part_bytes(batch[t], s, me);
+        const std::size_t total = round_member_bytes(batch, r, me);
         const auto g = static_cast<std::size_t>(mesh.size(round.mesh_dim));
         switch (round.kind) {
           case StepKind::all_gather: round_recv = static_cast<std::int64_t>(g * total); break;
-          case StepKind::all_reduce: round_recv = static_cast<std::int64_t>(total); break;
+          case StepKind::all_reduce:
+            round_recv = static_cast<std::int64_t>(total);
+            if (reduces_round_by_messages(batch, r, reduce_messages)) {
+              // The partials of this member's slice (all_reduce_by_messages).
+              const auto t0 = static_cast<std::size_t>(first_tensor_of_round(batch, r));
+              const auto e = static_cast<std::size_t>(batch[t0].src().elem_bytes());
+              const Range own =
+                  chunk_range(static_cast<std::int64_t>(total / e), static_cast<int>(g),
+                              me[round.mesh_dim], ChunkPolicy::balanced);
+              round_send =
+                  static_cast<std::int64_t>((g - 1) * static_cast<std::size_t>(own.size) * e);
+            }
+            break;
           case StepKind::reduce_scatter:
             round_send = static_cast<std::int64_t>(g * total);
-            round_recv = static_cast<std::int64_t>(total);
+            round_recv = static_cast<std::int64_t>(
+                reduces_round_by_messages(batch, r, reduce_messages) ? (g - 1) * total : total);
             break;
           default:
             if (g * total < batched_all_to_all)
@@ -497,14 +621,17 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
 // sends and receives. Like ExecuteStats' peak of a batched run, it adds the tensors' own peaks.
 template <std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
-  return detail::batch_workspace_bytes(batch, std::numeric_limits<std::size_t>::max());
+  return detail::batch_workspace_bytes(batch, std::numeric_limits<std::size_t>::max(),
+                                       std::numeric_limits<std::size_t>::max());
 }
 
 // The same on backend B (`workspace_bytes<MpiBackend>(batch)`): on a BatchedAllToAll backend an
-// all-to-all round packs nothing (on MPI, from 512 KiB of packed pieces up).
+// all-to-all round packs nothing (on MPI, from 512 KiB of packed pieces up), and a reduce-scatter
+// round by messages receives g - 1 partials (on MPI, from 1 MiB packed).
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
-  return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>());
+  return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),
+                                       detail::reduce_messages_from<B>());
 }
 
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as
@@ -554,7 +681,9 @@ void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffer
         ++next[t];
       }
       if (round.empty()) detail::fail<detail::why::batch_internal>(n, r);
-      detail::run_round(backend, round, packing);
+      detail::run_round(
+          backend, round, packing,
+          detail::reduces_round_by_messages(batch, r, detail::reduce_messages_from<B>()));
       for (detail::ParkedOp* op : round) {
         op->parked = false;
         const auto t = static_cast<std::size_t>(op - slots.data());

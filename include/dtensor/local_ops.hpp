@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -49,6 +50,45 @@ concept LocalOps = requires(const O& o, void* p, const void* q, std::size_t n, c
   o.multiply(dtype, p, n, g);
   o.reduce(dtype, p, parts, n, op);
 };
+
+// One copy of many (copy_runs): `rows` runs of `run_bytes`, the r-th from src + r * src_stride
+// to dst + r * dst_stride (strides in bytes; one row for a plain copy). No copy overlaps another's
+// destination or its own source.
+struct RunCopy {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::size_t rows = 1, run_bytes = 0, src_stride = 0, dst_stride = 0;
+};
+
+// Runs every copy of `copies`: in one call where the ops provide `copy_runs(copies)` (a device
+// launches one kernel for all of them, where a copy each would pay a launch each), else one by
+// one with copy() and copy_box().
+template <class O>
+void copy_runs(const O& ops, std::span<const RunCopy> copies) {
+  if constexpr (requires { ops.copy_runs(copies); }) {
+    if (!copies.empty()) ops.copy_runs(copies);
+  } else {
+    for (const RunCopy& c : copies) {
+      if (c.rows == 0 || c.run_bytes == 0) continue;
+      if (c.rows == 1 || (c.src_stride == c.run_bytes && c.dst_stride == c.run_bytes)) {
+        ops.copy(c.dst, c.src, c.rows * c.run_bytes);
+        continue;
+      }
+      // Whole elements of the widest size that every run and address allows.
+      std::size_t e = 8;
+      while (e > 1 &&
+             ((c.run_bytes | c.src_stride | c.dst_stride | reinterpret_cast<std::uintptr_t>(c.src) |
+               reinterpret_cast<std::uintptr_t>(c.dst)) &
+              (e - 1)) != 0)
+        e /= 2;
+      const auto rows = static_cast<std::int64_t>(c.rows);
+      const auto run = static_cast<std::int64_t>(c.run_bytes / e);
+      ops.copy_box(c.src, Shape{rows, static_cast<std::int64_t>(c.src_stride / e)}, Shape{0, 0},
+                   c.dst, Shape{rows, static_cast<std::int64_t>(c.dst_stride / e)}, Shape{0, 0},
+                   Shape{rows, run}, e);
+    }
+  }
+}
 
 // Local operations on host memory.
 struct HostOps {

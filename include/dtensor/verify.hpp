@@ -330,11 +330,36 @@ struct BatchVerification {
   std::int64_t collectives = 0;
 };
 
-// Runs the batched plan on a simulated mesh, every tensor's global view as its data, and checks
-// every tensor on every rank, the bytes each rank moved against batch_rank_bytes, and counts the
-// backend's collectives.
+namespace detail {
+
+// Every tensor's blocks on every rank (row-major mesh order), raw bytes.
+using RankBlocks = std::vector<std::vector<std::vector<std::byte>>>;
+
+// Runs `batch` on some world of its mesh: in[t][i] and out[t][i] are tensor t's source and
+// result on the i-th rank; fills each rank's measured bytes and returns the backend calls counted.
+using RunBatchOnRanks = std::int64_t (*)(const void* batch, RankBlocks& in, RankBlocks& out,
+                                         std::vector<RankBytes>& measured);
+
 template <std::size_t N>
-BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
+std::int64_t run_batch_on_simulator(const void* batch, RankBlocks& in, RankBlocks& out,
+                                    std::vector<RankBytes>& measured) {
+  const auto& plan = *static_cast<const BatchPlan<N>*>(batch);
+  const DeviceMesh& mesh = plan[0].src().mesh();
+  SimulatedWorld world(mesh);
+  world.run([&](SimulatedBackend& b) {
+    const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
+    std::vector<TensorBuffers> buffers;
+    for (std::size_t t = 0; t < plan.size(); ++t)
+      buffers.push_back({in[t][i].data(), in[t][i].size(), out[t][i].data(), out[t][i].size()});
+    execute(plan, b, std::span<const TensorBuffers>(buffers));
+  });
+  for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
+  return world.collectives();
+}
+
+// The global-view check of `batch`, run by `run`.
+template <std::size_t N>
+BatchVerification verify_batch(const BatchPlan<N>& batch, RunBatchOnRanks run) {
   BatchVerification report;
   if (batch.empty()) {
     report.verified = true;
@@ -343,12 +368,12 @@ BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
   const DeviceMesh& mesh = batch[0].src().mesh();
   const auto ranks = static_cast<std::size_t>(mesh.size());
   using Bytes = std::vector<std::byte>;
-  std::vector<std::vector<Bytes>> in(batch.size()), out(batch.size());
+  RankBlocks in(batch.size()), out(batch.size());
   for (std::size_t t = 0; t < batch.size(); ++t) {
     const Plan& p = batch[t];
     for (std::size_t i = 0; i < ranks; ++i) {
       const int rank = mesh.rank_at(static_cast<int>(i));
-      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+      visit_dtype(p.src().dtype(), [&]<class T>() {
         const std::vector<T> block = global_view_block<T>(p.src(), rank);
         in[t].emplace_back(reinterpret_cast<const std::byte*>(block.data()),
                            reinterpret_cast<const std::byte*>(block.data() + block.size()));
@@ -356,30 +381,22 @@ BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
       out[t].emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
     }
   }
-  const std::vector<std::vector<Bytes>> given = in;
-  SimulatedWorld world(mesh);
+  const RankBlocks given = in;
   try {
-    world.run([&](SimulatedBackend& b) {
-      const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
-      std::vector<TensorBuffers> buffers;
-      for (std::size_t t = 0; t < batch.size(); ++t)
-        buffers.push_back({in[t][i].data(), in[t][i].size(), out[t][i].data(), out[t][i].size()});
-      execute(batch, b, std::span<const TensorBuffers>(buffers));
-    });
+    report.collectives = run(&batch, in, out, report.measured);
   } catch (const std::exception& e) {
+    report.measured.clear();
     report.difference = std::string("the run failed: ") + e.what();
     return report;
   }
-  report.collectives = world.collectives();
   for (std::size_t i = 0; i < ranks; ++i) {
     const int rank = mesh.rank_at(static_cast<int>(i));
-    report.measured.push_back(world.bytes(rank));
-    if (report.difference.empty() && !(report.measured.back() == batch_rank_bytes(batch, rank)))
+    if (report.difference.empty() && !(report.measured[i] == batch_rank_bytes(batch, rank)))
       report.difference = "rank " + std::to_string(rank) + " moved other bytes than planned";
   }
   for (std::size_t t = 0; t < batch.size(); ++t) {
     Verification v;
-    detail::visit_dtype(batch[t].src().dtype(), [&]<class T>() {
+    visit_dtype(batch[t].src().dtype(), [&]<class T>() {
       auto typed = [](const std::vector<Bytes>& blocks) {
         std::vector<std::vector<T>> x;
         for (const Bytes& b : blocks) {
@@ -389,7 +406,7 @@ BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
         }
         return x;
       };
-      detail::check_typed<T>(batch[t], typed(given[t]), typed(in[t]), typed(out[t]), nullptr, v);
+      check_typed<T>(batch[t], typed(given[t]), typed(in[t]), typed(out[t]), nullptr, v);
     });
     if (report.difference.empty() && !v.verified)
       report.difference = "tensor " + std::to_string(t) + ": " + v.difference;
@@ -397,6 +414,16 @@ BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
   }
   report.verified = report.difference.empty();
   return report;
+}
+
+}  // namespace detail
+
+// Runs the batched plan on a simulated mesh, every tensor's global view as its data, and checks
+// every tensor on every rank, the bytes each rank moved against batch_rank_bytes, and counts the
+// backend's collectives.
+template <std::size_t N>
+BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
+  return detail::verify_batch(batch, &detail::run_batch_on_simulator<N>);
 }
 
 }  // namespace dtensor

@@ -14,6 +14,9 @@ void done() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 }  // namespace
 
 Verification verify(const Plan& plan) { return cuda::verify_on_device_simulator(plan); }
+BatchVerification verify_batch(const BatchPlan<16>& batch) {
+  return cuda::verify_batch_on_device_simulator(batch);
+}
 
 void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void* dst,
               const Shape& dst_shape, const Shape& dst_at, const Shape& extent, std::size_t elem) {
@@ -28,6 +31,10 @@ void pack_pieces(const void* block, const Shape& shape, int dim, int g, void* pa
 void unpack_pieces(const void* packed, void* block, const Shape& shape, int dim, int g,
                    std::size_t elem) {
   ops.unpack_pieces(packed, block, shape, dim, g, elem);
+  done();
+}
+void copy_runs(std::span<const RunCopy> copies) {
+  ops.copy_runs(copies);
   done();
 }
 void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op) {

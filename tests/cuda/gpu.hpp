@@ -3,7 +3,9 @@
 // The device side of the GPU tests, compiled by nvcc (gpu.cu), called from Catch2 tests built by
 // the host compiler: fmt's compile-time format checks do not build under nvcc, so CUDA
 // translation units stay free of fmt and the tests that print keep to .cpp files.
+#include <dtensor/batch_plan.hpp>
 #include <dtensor/layout.hpp>
+#include <dtensor/local_ops.hpp>
 #include <dtensor/plan.hpp>
 #include <dtensor/verify.hpp>
 
@@ -14,6 +16,8 @@ namespace dtensor::testing::gpu {
 
 // cuda::verify_on_device_simulator(plan).
 Verification verify(const Plan& plan);
+// cuda::verify_batch_on_device_simulator(batch).
+BatchVerification verify_batch(const BatchPlan<16>& batch);
 
 // cuda::DeviceOps on the default stream, each call synchronised.
 void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void* dst,
@@ -22,6 +26,7 @@ void pack_pieces(const void* block, const Shape& shape, int dim, int g, void* pa
                  std::size_t elem);
 void unpack_pieces(const void* packed, void* block, const Shape& shape, int dim, int g,
                    std::size_t elem);
+void copy_runs(std::span<const RunCopy> copies);
 void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op);
 void divide(DType dtype, void* data, std::size_t count, int g);
 void multiply(DType dtype, void* data, std::size_t count, int g);

@@ -3,12 +3,15 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/backend/nccl.cuh>
+#include <dtensor/batch_plan.hpp>
 #include <dtensor/execute.hpp>
+#include <dtensor/execute_batch.hpp>
 #include <dtensor/parse.hpp>
 #include <dtensor/planner.hpp>
 #include <dtensor/verify.hpp>
 
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -133,6 +136,38 @@ TEST_CASE("plans run through execute() on NCCL", "[nccl]") {
         ++runs;
       }
   CHECK(runs == 64);
+}
+
+TEST_CASE("a batch runs through execute() on NCCL", "[nccl][batch]") {
+  NcclComm world(nccl_unique_id(), 1, 0);
+  Stream stream;
+  const DeviceMesh mesh({1, 1});
+  NcclBackend b(world.get(), mesh, stream.s);
+  const char* pairs[][2] = {
+      {"S(0),R", "R,S(1)"}, {"P,R", "R,R"}, {"S(1),S(0)", "S(0),S(1)"}, {"R,P", "S(0),R"}};
+  std::vector<Redistribution> tensors;
+  for (int t = 0; t < 8; ++t) {
+    const Shape shape{8 + t, 24 - t};
+    tensors.push_back({Layout(mesh, parse_placements(pairs[t % 4][0]), shape, DType::f32),
+                       Layout(mesh, parse_placements(pairs[t % 4][1]), shape, DType::f32)});
+  }
+  const BatchPlan<8> batch = plan_batch<8>(tensors);
+  std::vector<std::unique_ptr<Device<float>>> in, out;
+  std::vector<TensorBuffers> buffers;
+  for (const Redistribution& r : tensors) {
+    const std::vector<float> x = global_view_block<float>(r.src, 0);
+    in.push_back(std::make_unique<Device<float>>(x.size()));
+    in.back()->set(x);
+    out.push_back(std::make_unique<Device<float>>(static_cast<std::size_t>(r.dst.local_numel(0))));
+    buffers.push_back(
+        {in.back()->p, x.size() * sizeof(float), out.back()->p, out.back()->n * sizeof(float)});
+  }
+  execute(batch, b, std::span<const TensorBuffers>(buffers));
+  b.synchronize();
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    CHECK(out[t]->get() == global_view_block<float>(tensors[t].dst, 0));
+    CHECK(in[t]->get() == global_view_block<float>(tensors[t].src, 0));
+  }
 }
 
 TEST_CASE("NCCL and CUDA errors become named exceptions", "[nccl][errors]") {

@@ -110,6 +110,10 @@ class MpiBackend {
   // both sides, since building a datatype per member and tensor costs more than copying it
   // (about 0.5 us per tensor and member here, bench/README.md).
   static constexpr std::size_t batched_all_to_all_bytes = std::size_t{512} << 10;
+  // An even reduce-scatter of blocks of at least this size runs as one point-to-point round
+  // reduced by dtensor in group order rather than MPI_Ireduce_scatter_block: Open MPI 4.1 reduces
+  // large blocks 1.3 to 3.6 times slower than the round (bench/README.md, reduce-scatter).
+  static constexpr std::size_t reduce_messages_bytes = std::size_t{1} << 20;
 
   struct Options {
     // How long an operation may wait for its peers, counted from the first time the library

@@ -73,6 +73,8 @@ class DeviceOps {
     if (bytes == 0) return;
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
   }
+  // Every copy in one kernel launch (up to cuda::detail::runs_per_launch a launch).
+  void copy_runs(std::span<const RunCopy> copies) const { cuda::copy_runs(copies, stream_); }
   void copy_box(const void* src, const Shape& src_shape, const Shape& src_at, void* dst,
                 const Shape& dst_shape, const Shape& dst_at, const Shape& extent,
                 std::size_t elem) const {

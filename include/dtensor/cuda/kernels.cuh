@@ -13,6 +13,7 @@
 #include "../dtype.hpp"
 #include "../errors.hpp"
 #include "../layout.hpp"
+#include "../local_ops.hpp"
 #include "../reduce_op.hpp"
 #include "check.hpp"
 
@@ -165,7 +166,77 @@ void launch_copy_box(const BoxCopy<I>& a, cudaStream_t stream) {
   check(cudaGetLastError(), "copy_box kernel launch");
 }
 
+// Copies per launch of copy_runs (their descriptors are the kernel's argument: 12 KB, within
+// the 32 KB that CUDA 12.1 and later allow on Volta and later).
+inline constexpr int runs_per_launch = 256;
+
+struct RunCopies {
+  RunCopy copy[runs_per_launch];
+};
+
+// Copy c of `runs` in vector units V: every thread of the block's x-dim strides over its units.
+template <class V>
+__device__ void copy_runs_as(const RunCopy& c) {
+  const V* src = static_cast<const V*>(c.src);
+  V* dst = static_cast<V*>(c.dst);
+  const std::size_t run = c.run_bytes / sizeof(V);
+  const std::size_t total = c.rows * run;
+  const std::size_t step = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t u = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c.rows == 1) {
+    for (; u < total; u += step) dst[u] = src[u];
+    return;
+  }
+  const std::size_t src_stride = c.src_stride / sizeof(V), dst_stride = c.dst_stride / sizeof(V);
+  for (; u < total; u += step) {
+    const std::size_t row = u / run, col = u - row * run;
+    dst[row * dst_stride + col] = src[row * src_stride + col];
+  }
+}
+
+// blockIdx.y picks the copy; each copy goes in the widest units its runs and addresses allow.
+__global__ inline void copy_runs_kernel(RunCopies runs) {
+  const RunCopy& c = runs.copy[blockIdx.y];
+  std::uintptr_t a = reinterpret_cast<std::uintptr_t>(c.src) |
+                     reinterpret_cast<std::uintptr_t>(c.dst) | c.run_bytes;
+  if (c.rows > 1) a |= c.src_stride | c.dst_stride;
+  if (a % 16 == 0)
+    copy_runs_as<uint4>(c);
+  else if (a % 8 == 0)
+    copy_runs_as<std::uint64_t>(c);
+  else if (a % 4 == 0)
+    copy_runs_as<std::uint32_t>(c);
+  else if (a % 2 == 0)
+    copy_runs_as<std::uint16_t>(c);
+  else
+    copy_runs_as<std::uint8_t>(c);
+}
+
 }  // namespace detail
+
+// Every copy of `copies` (device memory), runs_per_launch to a kernel launch on `stream`: the
+// local work of a batch's round, where a launch per copy would cost more than the copies.
+inline void copy_runs(std::span<const RunCopy> copies, cudaStream_t stream) {
+  constexpr unsigned threads = 256;
+  for (std::size_t first = 0; first < copies.size(); first += detail::runs_per_launch) {
+    const std::size_t n = std::min<std::size_t>(copies.size() - first, detail::runs_per_launch);
+    detail::RunCopies runs;
+    std::uint64_t largest = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      runs.copy[i] = copies[first + i];
+      largest =
+          std::max<std::uint64_t>(largest, copies[first + i].rows * copies[first + i].run_bytes);
+    }
+    if (largest == 0) continue;
+    // Blocks along x: what the largest copy needs at 16 bytes a thread, and no more than what
+    // fills the device once shared among the launch's copies.
+    const unsigned fill = detail::grid_for(std::uint64_t{1} << 62, threads);
+    const unsigned x = std::min(detail::grid_for(largest / 16 + 1, threads),
+                                std::max(1u, fill / static_cast<unsigned>(n)));
+    detail::copy_runs_kernel<<<dim3(x, static_cast<unsigned>(n)), threads, 0, stream>>>(runs);
+    check(cudaGetLastError(), "copy_runs kernel launch");
+  }
+}
 
 // The order a strided copy walks its dims in: that of the destination buffer (consecutive
 // threads then write consecutive addresses), or the order given.

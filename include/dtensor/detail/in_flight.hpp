@@ -29,12 +29,16 @@ template <class B>
 void start_parked(ExecutionQueue& queue);
 
 // The operations a plan starts on its link: one per communication step, two for an exchange
-// from a Partial (its parts reduced, then delivered).
-inline int link_operations(const Plan& plan) {
+// from a Partial (its parts reduced, then delivered) and for an all-reduce of blocks of
+// `reduce_messages` bytes and up (reduce_messages_of: a reduce-scatter then an all-gather).
+inline int link_operations(const Plan& plan, std::size_t reduce_messages) {
   int n = 0;
   for (const Step& s : plan)
     if (moves_data(s.kind))
-      n += s.kind == StepKind::exchange && exchange_reduces(s.before, s.after) ? 2 : 1;
+      n += (s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) ||
+                   (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, reduce_messages))
+               ? 2
+               : 1;
   return n;
 }
 
@@ -53,7 +57,8 @@ struct Running final : InFlight {
   std::int64_t scratch_peak = 0;
   Task<void> task;
 
-  Running(B& b, const Plan& p) : backend(b), plan(p), operations(link_operations(p)) {
+  Running(B& b, const Plan& p)
+      : backend(b), plan(p), operations(link_operations(p, reduce_messages_of<Link<B>>::bytes)) {
     started_all = operations == 0;
   }
   Running(const Running&) = delete;

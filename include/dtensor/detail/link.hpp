@@ -3,9 +3,11 @@
 #include <coroutine>
 #include <cstddef>
 #include <exception>
+#include <limits>
 #include <span>
 
 #include "../backend.hpp"
+#include "../plan.hpp"
 
 // How the executor's steps reach their backend: `co_await link.all_gather(...)` and so on. A
 // synchronous run calls the blocking operation and never suspends; an asynchronous run
@@ -257,5 +259,27 @@ concept StridedExchangeLink = requires(const L& link, std::span<const StridedSen
                                        std::span<const StridedRecvMessage> r) {
   link.exchange_strided(s, r);
 };
+
+// From how many bytes of block a link's even reduce-scatters and all-reduces run as point-to-
+// point rounds reduced by dtensor: what its backend declares (B::reduce_messages_bytes), else
+// never.
+template <class L>
+struct reduce_messages_of {
+  static constexpr std::size_t bytes = std::numeric_limits<std::size_t>::max();
+};
+template <class B>
+requires requires { B::reduce_messages_bytes; }
+struct reduce_messages_of<Link<B>> {
+  static constexpr std::size_t bytes = B::reduce_messages_bytes;
+};
+
+// Whether step s of `plan` reduces blocks of at least `from` bytes, judged on the first rank's
+// block so that every rank of the mesh decides alike.
+inline bool reduces_at_least(const Plan& plan, const Step& s, std::size_t from) {
+  if (from == std::numeric_limits<std::size_t>::max()) return false;
+  const DeviceMesh& mesh = plan.src().mesh();
+  const Box first = plan.src().local_box(s.before, mesh.coordinate(mesh.rank_at(0)));
+  return static_cast<std::size_t>(first.numel()) * plan.src().elem_bytes() >= from;
+}
 
 }  // namespace dtensor::detail

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -138,11 +139,15 @@ struct LinkAbilities {
   bool strided_all_gather = false;  // receives an all-gather's strided pieces (StridedGatherLink)
   bool strided_exchange = false;    // point-to-point messages strided (StridedExchangeLink)
   bool one_call_per_step = false;   // a step is one operation (a batch's rounds): no bands
+  // An even reduce-scatter or an all-reduce of blocks of at least this many bytes runs as
+  // point-to-point rounds reduced here (B::reduce_messages_bytes): never by default.
+  std::size_t reduce_messages_from = std::numeric_limits<std::size_t>::max();
 };
 
 template <class L>
 inline constexpr LinkAbilities abilities_of{StridedLink<L>, StridedGatherLink<L>,
-                                            StridedExchangeLink<L>};
+                                            StridedExchangeLink<L>, false,
+                                            reduce_messages_of<L>::bytes};
 
 // Where `piece`, a box inside the row-major block `block`, lies in it as runs of one stride:
 // its first byte, and its runs (StridedPieces of one piece). None when its rows are not one
@@ -493,11 +498,13 @@ inline ScatterWay scatter_way(const StepContext& c) {
 // the native collective: its pieces are uneven and unpadded, or, on a link that moves strided
 // messages, they need not be slabs of the block (a tensor dim before the scattered one is
 // longer than 1), so that they go where they lie instead of packed (the native collective
-// packs the block, the round stages the partials of all but this member's piece). The choice
-// is the same on every rank: it reads only the step and the global shape.
+// packs the block, the round stages the partials of all but this member's piece), or its blocks
+// are at least the backend's reduce_messages_bytes. The choice is the same on every
+// rank: it reads only the step, the global shape and the first rank's block.
 inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
   if (c.step.padded) return false;
   if (!c.even) return true;
+  if (reduces_at_least(c.plan, c.step, a.reduce_messages_from)) return true;
   if (!a.strided_exchange) return false;
   const int j_dim = c.step.after[c.step.mesh_dim].dim();
   for (int d = 0; d < j_dim; ++d)
@@ -689,6 +696,70 @@ Task<std::size_t> run_all_reduce_exact(L link, const Ops& ops, const StepContext
                                        const std::byte* cur, std::byte* out) {
   co_return co_await run_exchange_reduce(link, ops, c, cur, out, true,
                                          [&c](int /*member*/) { return c.have; });
+}
+
+// Whether an all-reduce runs as two point-to-point rounds (run_all_reduce_by_messages): its
+// blocks are at least the backend's reduce_messages_bytes (the first rank's decides).
+inline bool all_reduces_by_messages(const StepContext& c, LinkAbilities a) {
+  return !c.messages && reduces_at_least(c.plan, c.step, a.reduce_messages_from);
+}
+
+// The staging of run_all_reduce_by_messages: the other members' partials of this member's slice.
+inline Staging all_reduce_slices_way(const StepContext& c) {
+  const int k = c.step.mesh_dim, g = c.plan.src().mesh().size(k);
+  const Range own = chunk_range(c.have.numel(), g, c.me[k], ChunkPolicy::balanced);
+  Staging w;
+  w.recv = static_cast<std::size_t>(g - 1) * static_cast<std::size_t>(own.size) * c.elem;
+  w.use_spare(c.spare_bytes);
+  return w;
+}
+
+// An all-reduce as a reduce-scatter and an all-gather of the block's g balanced slices, each one
+// point-to-point round: member j reduces slice j from the g partials in group order, then sends
+// it to every other member, so every member holds bit-identical values. It moves what the cost
+// model counts for an all-reduce, and runs in place.
+template <class L, class Ops>
+Task<std::size_t> run_all_reduce_by_messages(L link, const Ops& ops, const StepContext& c,
+                                             const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim, g = c.plan.src().mesh().size(k), me = c.me[k];
+  const std::int64_t n = c.have.numel();
+  const Staging w = all_reduce_slices_way(c);
+  const StagingBuffers b(ops, w, c.spare);
+  const Range own = chunk_range(n, g, me, ChunkPolicy::balanced);
+  const auto own_at = static_cast<std::size_t>(own.start) * c.elem;
+  const auto own_bytes = static_cast<std::size_t>(own.size) * c.elem;
+  Messages partials;
+  std::vector<const void*> parts(static_cast<std::size_t>(g));
+  std::size_t next = 0;
+  for (int j = 0; j < g; ++j) {
+    const auto u = static_cast<std::size_t>(j);
+    if (j == me) {
+      parts[u] = cur + own_at;
+      continue;
+    }
+    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
+    if (r.size != 0)
+      partials.send(global_rank(c, j), cur + static_cast<std::size_t>(r.start) * c.elem,
+                    static_cast<std::size_t>(r.size) * c.elem);
+    parts[u] = b.recv + next++ * own_bytes;
+    if (own_bytes != 0)
+      partials.recv(global_rank(c, j), b.recv + (next - 1) * own_bytes, own_bytes);
+  }
+  co_await send_and_receive(link, partials);
+  if (own_bytes != 0)
+    ops.reduce(c.plan.src().dtype(), out + own_at, parts, static_cast<std::size_t>(own.size),
+               c.step.before[k].reduce_op());
+  Messages slices;
+  for (int j = 0; j < g; ++j) {
+    if (j == me) continue;
+    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
+    if (own_bytes != 0) slices.send(global_rank(c, j), out + own_at, own_bytes);
+    if (r.size != 0)
+      slices.recv(global_rank(c, j), out + static_cast<std::size_t>(r.start) * c.elem,
+                  static_cast<std::size_t>(r.size) * c.elem);
+  }
+  co_await send_and_receive(link, slices);
+  co_return b.allocated();
 }
 
 // Whether `piece`, a box inside the row-major block `block`, is one contiguous run of it: every
@@ -939,10 +1010,11 @@ inline std::size_t step_staging(const StepContext& c, LinkAbilities a, bool in_p
           .allocated();
     }
     case StepKind::all_reduce:
-      return c.messages ? exchange_reduce_way(
-                              c, true, [&c](int) { return c.have; }, a)
-                              .allocated()
-                        : 0;
+      if (c.messages)
+        return exchange_reduce_way(
+                   c, true, [&c](int) { return c.have; }, a)
+            .allocated();
+      return all_reduces_by_messages(c, a) ? all_reduce_slices_way(c).allocated() : 0;
     case StepKind::all_to_all: return all_to_all_way(c, a, in_place).allocated();
     case StepKind::exchange:
       return exchange_reduces(c.step.before, c.step.after) ? reducing_exchange_way(c, a).allocated()
@@ -1239,6 +1311,8 @@ Task<std::size_t> run_step(L link, const Ops& ops, const StepContext& c, const s
     case StepKind::reduce_scatter: co_return co_await run_reduce_scatter(link, ops, c, cur, out);
     case StepKind::all_reduce:
       if (c.messages) co_return co_await run_all_reduce_exact(link, ops, c, cur, out);
+      if (all_reduces_by_messages(c, abilities_of<L>))
+        co_return co_await run_all_reduce_by_messages(link, ops, c, cur, out);
       co_await link.all_reduce(c.step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
                                c.plan.src().dtype(), c.step.before[c.step.mesh_dim].reduce_op());
       co_return 0;
