@@ -11,9 +11,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -23,8 +25,14 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
+
+#ifdef __linux__
+#include <sys/uio.h>
+#include <unistd.h>
+#endif
 
 #include "../backend.hpp"
 #include "../detail/elementwise.hpp"
@@ -115,10 +123,28 @@ class MpiBackend {
   // large blocks 1.3 to 3.6 times slower than the round (bench/README.md, reduce-scatter).
   static constexpr std::size_t reduce_messages_bytes = std::size_t{1} << 20;
 
+  // Whether a blocking all-to-all whose pieces are strided on one side (S(0) -> S(1),
+  // S(1) -> S(0)) moves them with the kernel's single copy between the ranks' buffers (Linux
+  // process_vm_writev / process_vm_readv, rows packed or unpacked 64 KiB at a time in cache)
+  // instead of MPI's derived datatypes, which Open MPI 4.1 moves through copy-in/copy-out
+  // shared-memory fragments (two copies). Only where every member of the group runs on this
+  // machine and the kernel lets them reach each other's memory; operations started with start_*
+  // (execute_async) keep the datatypes. (A strided all-gather pulled so ran slower than the
+  // datatype at 64 MiB on 16 cores, bench/README.md, and keeps it.)
+  enum class SingleCopy : std::uint8_t {
+    automatic,  // where the ranks on this machine have a core each (not oversubscribed)
+    always,     // wherever it works (tests)
+    never,
+  };
+
   struct Options {
     // How long an operation may wait for its peers, counted from the first time the library
     // waits or polls for it, before this rank aborts the backend and throws.
     std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+    SingleCopy single_copy = SingleCopy::automatic;
+    // The smallest all-to-all (bytes this rank sends, all members) that goes by single copy:
+    // below it the two small collectives it adds cost more than they save.
+    std::size_t single_copy_from_bytes = std::size_t{1} << 20;
   };
 
   // Every process of `world` constructs it (collective), and every one must be in `mesh`:
@@ -149,6 +175,7 @@ class MpiBackend {
       check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
       st.groups.push_back(comm);
     }
+    find_single_copy(options.single_copy);
     check(MPI_Irecv(st.notice_in, sizeof(st.notice_in), MPI_CHAR, MPI_ANY_SOURCE, notice_tag,
                     st.control, &st.notice_request),
           "MPI_Irecv");
@@ -249,8 +276,23 @@ class MpiBackend {
   }
   void all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
                           StridedPieces received) {
+    const std::size_t me = static_cast<std::size_t>(mesh_.group(rank_, mesh_dim).index);
+    if (needs_type(sent) && !needs_type(received) && goes_by_single_copy(mesh_dim, sent)) {
+      // Pushed: this rank's strided pieces written into every member's target.
+      single_copy_move(mesh_dim, true, recv, me * sent.piece_bytes(), send, recv, sent);
+      return;
+    }
+    if (!needs_type(sent) && needs_type(received) && goes_by_single_copy(mesh_dim, received)) {
+      // Pulled: every member's contiguous piece for this rank read into its strided place.
+      single_copy_move(mesh_dim, false, send, me * received.piece_bytes(), nullptr, recv, received);
+      return;
+    }
     Request r = start_all_to_all_strided(mesh_dim, send, recv, sent, received);
     wait(r);
+  }
+  // Whether the group of mesh dim k moves strided all-to-alls by single copy (Options).
+  [[nodiscard]] bool single_copy(int mesh_dim) const {
+    return state_->single_copy[static_cast<std::size_t>(mesh_dim)] != 0;
   }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
     Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
@@ -515,6 +557,10 @@ class MpiBackend {
   struct State {
     MPI_Comm world = MPI_COMM_NULL, control = MPI_COMM_NULL;
     std::vector<MPI_Comm> groups;
+    // Per mesh dim: whether its strided all-to-alls go by single copy, and the process ids of
+    // its group's members (find_single_copy).
+    std::vector<char> single_copy;
+    std::vector<std::vector<int>> pids;
     // Reduction ops per element type (by detail::dtype_index) and ReduceOp, made on first use.
     MPI_Op ops[8][5] = {};
     ExecutionQueue executions;
@@ -652,6 +698,163 @@ class MpiBackend {
   }
 
   // Whether the pieces need a datatype: not contiguous one after another, nor empty.
+  // Decides, per mesh dim, whether strided all-to-alls go by single copy (Options::SingleCopy),
+  // with every rank of the world: all members of the group on this machine, each able to read
+  // the next member's memory (a probe), and, when automatic, no more ranks of the world on this
+  // machine than it has cores.
+  void find_single_copy(SingleCopy mode) {
+    State& st = *state_;
+    st.single_copy.assign(st.groups.size(), 0);
+    st.pids.assign(st.groups.size(), {});
+#ifdef __linux__
+    if (mode == SingleCopy::never) return;
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(st.world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+          "MPI_Comm_split_type");
+    int on_node = 0;
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_free(&node);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool roomy = mode == SingleCopy::always || cores >= on_node;
+    const int pid = static_cast<int>(getpid());
+    for (std::size_t k = 0; k < st.groups.size(); ++k) {
+      const MPI_Comm comm = st.groups[k];
+      int g = 0, me = 0;
+      MPI_Comm_size(comm, &g);
+      MPI_Comm_rank(comm, &me);
+      node = MPI_COMM_NULL;
+      check(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type");
+      int local = 0;
+      MPI_Comm_size(node, &local);
+      MPI_Comm_free(&node);
+      std::vector<int> pids(static_cast<std::size_t>(g));
+      check(MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, comm), "MPI_Allgather");
+      // The probe: each member reads the next one's value, which names that member.
+      const std::uint64_t mine = 0x64746e73ULL * 1000 + static_cast<std::uint64_t>(me);
+      const auto at = reinterpret_cast<std::uintptr_t>(&mine);
+      std::vector<std::uintptr_t> probes(static_cast<std::size_t>(g));
+      check(MPI_Allgather(&at, sizeof at, MPI_BYTE, probes.data(), sizeof at, MPI_BYTE, comm),
+            "MPI_Allgather");
+      int ok = local == g && roomy ? 1 : 0;
+      if (ok != 0 && g > 1) {
+        const int next = (me + 1) % g;
+        std::uint64_t seen = 0;
+        iovec here{&seen, sizeof seen};
+        // NOLINTNEXTLINE(performance-no-int-to-ptr): the next member's address, read by the kernel
+        iovec there{reinterpret_cast<void*>(probes[static_cast<std::size_t>(next)]), sizeof seen};
+        ok = process_vm_readv(pids[static_cast<std::size_t>(next)], &here, 1, &there, 1, 0) ==
+                         static_cast<ssize_t>(sizeof seen) &&
+                     seen == 0x64746e73ULL * 1000 + static_cast<std::uint64_t>(next)
+                 ? 1
+                 : 0;
+      }
+      check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+      st.single_copy[k] = static_cast<char>(ok != 0 && g > 1);
+      st.pids[k] = std::move(pids);
+    }
+#else
+    static_cast<void>(mode);
+#endif
+  }
+  // Whether a strided all-to-all on mesh dim k moving `runs` (its strided side)
+  // goes by single copy: the group can (find_single_copy) and this rank moves at least
+  // Options::single_copy_from_bytes.
+  [[nodiscard]] bool goes_by_single_copy(int k, StridedPieces runs) const {
+    const auto g = static_cast<std::size_t>(mesh_.size(k));
+    return single_copy(k) && runs.piece_bytes() * g >= options_.single_copy_from_bytes;
+  }
+  // One strided all-to-all by single copy: every member's address of `exposed`
+  // gathered, then for each member j (next one first) piece j of this rank's strided side
+  // (`runs`: `local_in` when pushing, `local_out` when pulling) moved 64 KiB of rows at a time,
+  // packed into or unpacked from a staging buffer that stays in cache, to or from the contiguous
+  // bytes at member j's `exposed` + `remote_offset`: written there when `push` (a strided send
+  // side), read from there otherwise (a strided receive side). This rank's own piece is a local
+  // copy (into `local_out`, which is `exposed` when pushing). A minimum of everyone's success
+  // both reports failures and tells each member that every copy into or out of its buffers is
+  // done.
+  void single_copy_move(int k, bool push, const void* exposed, std::size_t remote_offset,
+                        const void* local_in, void* local_out, StridedPieces runs) {
+#ifdef __linux__
+    const MPI_Comm comm = group(k);
+    const MeshGroup grp = mesh_.group(rank_, k);
+    const auto g = static_cast<std::size_t>(grp.size);
+    const auto me = static_cast<std::size_t>(grp.index);
+    std::vector<std::uintptr_t> where(g);
+    const auto mine = reinterpret_cast<std::uintptr_t>(exposed);
+    Request addresses = begin("MPI_Iallgather");
+    must(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, where.data(), sizeof mine, MPI_BYTE, comm,
+                        &addresses.requests_.emplace_back()),
+         addresses.call_);
+    wait(addresses);
+    const std::size_t run = runs.run_bytes;
+    const std::size_t rows_per =
+        std::max<std::size_t>(1, (std::size_t{64} << 10) / std::max<std::size_t>(1, run));
+    std::vector<std::byte> staging(std::min(rows_per, runs.rows) * run);
+    const std::vector<int>& pids = state_->pids[static_cast<std::size_t>(k)];
+    int ok = 1;
+    int failure = 0;
+    for (std::size_t step = 0; step < g && runs.piece_bytes() != 0; ++step) {
+      const std::size_t j = (me + step) % g;
+      const std::byte* in = static_cast<const std::byte*>(local_in) + j * run;
+      std::byte* out = static_cast<std::byte*>(local_out) + j * run;
+      for (std::size_t row = 0; row < runs.rows; row += rows_per) {
+        const std::size_t m = std::min(rows_per, runs.rows - row);
+        const std::size_t at = remote_offset + row * run;
+        const std::size_t bytes = m * run;
+        if (j == me) {  // this rank's own piece: a local copy
+          if (push) {
+            auto* to = static_cast<std::byte*>(local_out) + at;
+            for (std::size_t i = 0; i < m; ++i)
+              std::memcpy(to + i * run, in + (row + i) * runs.stride_bytes, run);
+          } else {
+            const auto* from = static_cast<const std::byte*>(exposed) + at;
+            for (std::size_t i = 0; i < m; ++i)
+              std::memcpy(out + (row + i) * runs.stride_bytes, from + i * run, run);
+          }
+          continue;
+        }
+        if (ok == 0) continue;
+        iovec here{staging.data(), bytes};
+        // NOLINTNEXTLINE(performance-no-int-to-ptr): member j's address, reached by the kernel
+        iovec there{reinterpret_cast<void*>(where[j] + at), bytes};
+        if (push) {
+          for (std::size_t i = 0; i < m; ++i)
+            std::memcpy(staging.data() + i * run, in + (row + i) * runs.stride_bytes, run);
+          if (process_vm_writev(pids[j], &here, 1, &there, 1, 0) != static_cast<ssize_t>(bytes)) {
+            ok = 0;
+            failure = errno;
+          }
+        } else {
+          if (process_vm_readv(pids[j], &here, 1, &there, 1, 0) != static_cast<ssize_t>(bytes)) {
+            ok = 0;
+            failure = errno;
+            continue;
+          }
+          for (std::size_t i = 0; i < m; ++i)
+            std::memcpy(out + (row + i) * runs.stride_bytes, staging.data() + i * run, run);
+        }
+      }
+    }
+    Request done = begin("MPI_Iallreduce");
+    must(MPI_Iallreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm,
+                        &done.requests_.emplace_back()),
+         done.call_);
+    wait(done);
+    if (ok == 0)
+      throw error(std::string("MpiBackend: a single-copy all-to-all failed on mesh dim ") +
+                  std::to_string(k) +
+                  (failure != 0
+                       ? std::string(push ? ": process_vm_writev: " : ": process_vm_readv: ") +
+                             std::system_category().message(failure)
+                       : std::string(" on another rank of its group")));
+#else
+    static_cast<void>(k), static_cast<void>(push), static_cast<void>(exposed),
+        static_cast<void>(remote_offset), static_cast<void>(local_in), static_cast<void>(local_out),
+        static_cast<void>(runs);
+#endif
+  }
+
   static bool needs_type(StridedPieces pieces) noexcept {
     return pieces.rows > 1 && pieces.run_bytes != 0;
   }
