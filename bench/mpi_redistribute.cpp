@@ -1,6 +1,7 @@
 // A redistribution over MPI against the bare MPI collective moving the same bytes, per message
 // size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute [runs]
-// [collective] (only the rows whose collective starts with that name, e.g. all_to_all)
+// [collective] [chunk] ([collective]: only the rows whose collective starts with that name, e.g.
+// all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes in KiB)
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -29,7 +30,11 @@ int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
   const std::string_view only = argc > 2 ? argv[2] : "";
   const DeviceMesh mesh({size});
-  MpiBackend backend(mesh);
+  // [chunk KiB]: MpiBackend::Options::single_copy_chunk_bytes.
+  MpiBackend::Options options;
+  if (argc > 3)
+    options.single_copy_chunk_bytes = std::size_t(std::max(1, std::atoi(argv[3]))) << 10;
+  MpiBackend backend(mesh, MPI_COMM_WORLD, options);
   struct Case {
     std::string_view name, from, to;
     double busbw_factor;  // nccl-tests: bus bandwidth = algbw * factor

@@ -145,6 +145,9 @@ class MpiBackend {
     // The smallest all-to-all (bytes this rank sends, all members) that goes by single copy:
     // below it the two small collectives it adds cost more than they save.
     std::size_t single_copy_from_bytes = std::size_t{1} << 20;
+    // Bytes of rows packed (or unpacked) and moved per kernel call of a single copy, in a
+    // staging buffer meant to stay in cache.
+    std::size_t single_copy_chunk_bytes = std::size_t{64} << 10;
   };
 
   // Every process of `world` constructs it (collective), and every one must be in `mesh`:
@@ -789,7 +792,7 @@ class MpiBackend {
     wait(addresses);
     const std::size_t run = runs.run_bytes;
     const std::size_t rows_per =
-        std::max<std::size_t>(1, (std::size_t{64} << 10) / std::max<std::size_t>(1, run));
+        std::max<std::size_t>(1, options_.single_copy_chunk_bytes / std::max<std::size_t>(1, run));
     std::vector<std::byte> staging(std::min(rows_per, runs.rows) * run);
     const std::vector<int>& pids = state_->pids[static_cast<std::size_t>(k)];
     int ok = 1;
