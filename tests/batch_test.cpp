@@ -9,7 +9,6 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -34,16 +33,19 @@ std::int64_t alone(const Redistribution& r) {
 }
 
 using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+// Reduce-scatters and all-reduces of 256 bytes and up by messages (MpiBackend from 1 MiB).
+using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
 
-// A batch run on simulated ranks with every tensor's global view as its data, through a backend
-// without strided or batched calls when `packing`: the most scratch a rank held, and the
-// tensors that differ from their target blocks.
+// A batch run on simulated ranks with every tensor's global view as its data, through the
+// simulated backend, one without strided or batched calls (`packing`), or one that reduces by
+// messages: the most scratch a rank held, and the tensors that differ from their target blocks.
 struct BatchRun {
   std::int64_t most = 0;
   std::vector<std::string> wrong;
 };
+enum class Via { simulated, packing, reducing_by_messages };
 template <std::size_t N>
-BatchRun run_batch(const BatchPlan<N>& b, bool packing) {
+BatchRun run_batch(const BatchPlan<N>& b, Via via) {
   auto bytes_of_block = [](const Layout& l, int rank) {
     return detail::visit_dtype(l.dtype(), [&]<class T>() {
       const std::vector<T> v = global_view_block<T>(l, rank);
@@ -66,8 +68,11 @@ BatchRun run_batch(const BatchPlan<N>& b, bool packing) {
     }
     ExecuteStats stats;
     PackingBackend forward(simulated);
-    if (packing)
+    MessageScatterBackend reducing(simulated);
+    if (via == Via::packing)
       execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
+    else if (via == Via::reducing_by_messages)
+      execute(b, reducing, std::span<const TensorBuffers>(buffers), &stats);
     else
       execute(b, simulated, std::span<const TensorBuffers>(buffers), &stats);
     const std::scoped_lock guard(lock);
@@ -301,7 +306,7 @@ TEST_CASE("strided pieces packed by the round, on backends with and without stri
     for (const bool packing : {false, true}) {
       const BatchPlan<16> b = plan_batch<16>(tensors);
       INFO(fmt::format("{} tensors, packing backend: {}", tensors.size(), packing));
-      const auto [most, wrong] = run_batch(b, packing);
+      const auto [most, wrong] = run_batch(b, packing ? Via::packing : Via::simulated);
       CHECK(wrong.empty());
       CHECK(most <=
             (packing ? workspace_bytes<PackingBackend>(b) : workspace_bytes<SimulatedBackend>(b)));
@@ -333,7 +338,7 @@ TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a bac
   CHECK(v.verified);
   CHECK(v.collectives == 2);  // one all-to-all per group of mesh dim 1
   for (const bool packing : {false, true}) {
-    const auto [most, wrong] = run_batch(b, packing);
+    const auto [most, wrong] = run_batch(b, packing ? Via::packing : Via::simulated);
     CHECK(wrong.empty());
     INFO("packing backend: " << packing);
     CHECK(most == (packing ? workspace_bytes(b) : 0));
@@ -366,12 +371,6 @@ TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
                     Catch::Contains("bytes of part 0"));
 }
 
-namespace {
-
-using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
-
-}  // namespace
-
 TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[batch]") {
   // Gradients reduce-scattered or all-reduced together (f32 and bf16 rounds, even and uneven,
   // 1-D and 2-D meshes): every tensor equals its target block on every rank, no reduction call
@@ -400,42 +399,26 @@ TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[bat
              r.tensors > 1;
     }));
     MessageScatterBackend::calls = 0;
-    std::atomic<std::int64_t> most{0};
-    SimulatedWorld world(mesh);
-    std::mutex lock;
-    std::vector<std::string> wrong;
-    world.run([&](SimulatedBackend& simulated) {
-      const int rank = simulated.rank();
-      std::vector<std::vector<std::byte>> in, result;
-      std::vector<TensorBuffers> buffers;
-      for (const Plan& p : b) {
-        detail::visit_dtype(p.src().dtype(), [&]<class T>() {
-          const std::vector<T> v = global_view_block<T>(p.src(), rank);
-          const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
-          in.emplace_back(bytes, bytes + v.size() * sizeof(T));
-        });
-        result.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
-        buffers.push_back(
-            {in.back().data(), in.back().size(), result.back().data(), result.back().size()});
-      }
-      MessageScatterBackend backend(simulated);
-      ExecuteStats stats;
-      execute(b, backend, std::span<const TensorBuffers>(buffers), &stats);
-      std::int64_t seen = most.load();
-      while (seen < stats.scratch_peak_bytes &&
-             !most.compare_exchange_weak(seen, stats.scratch_peak_bytes)) {
-      }
-      const std::scoped_lock guard(lock);
-      for (std::size_t t = 0; t < b.size(); ++t)
-        detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
-          const std::vector<T> want = global_view_block<T>(b[t].dst(), rank);
-          if (result[t].size() != want.size() * sizeof(T) ||
-              (!want.empty() && std::memcmp(result[t].data(), want.data(), result[t].size()) != 0))
-            wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
-        });
-    });
+    const auto [most, wrong] = run_batch(b, Via::reducing_by_messages);
     CHECK(wrong == std::vector<std::string>{});
     CHECK(MessageScatterBackend::calls == 0);
-    CHECK(most.load() <= workspace_bytes<MessageScatterBackend>(b));
+    CHECK(most <= workspace_bytes<MessageScatterBackend>(b));
   }
+}
+
+TEST_CASE("a batch's one-tensor reduction round reduces by messages too", "[batch]") {
+  // A gradient alone in its rounds (beside a gather of another kind): it runs as it would
+  // alone through execute(), by messages, not as the backend's collective.
+  const DeviceMesh m({4});
+  const std::vector<Redistribution> tensors{pair(m, "P", "S(0)", {16, 8}),
+                                            pair(m, "S(0)", "R", {8, 8}, DType::bf16),
+                                            pair(m, "P", "R", {8, 4}, DType::i64)};
+  const BatchPlan<4> b = plan_batch<4>(tensors);
+  REQUIRE(std::all_of(b.rounds().begin(), b.rounds().end(),
+                      [](const BatchRound& r) { return r.tensors == 1; }));
+  MessageScatterBackend::calls = 0;
+  const auto [most, wrong] = run_batch(b, Via::reducing_by_messages);
+  CHECK(wrong == std::vector<std::string>{});
+  CHECK(MessageScatterBackend::calls == 0);
+  CHECK(most <= workspace_bytes<MessageScatterBackend>(b));
 }

@@ -245,7 +245,7 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
         return;
       }
     }
-  } else if (ops.size() == 1) {  // nothing to pack
+  } else if (ops.size() == 1 && !reduce_by_messages) {  // nothing to pack
     const ParkedOp& o = first;
     switch (o.kind) {
       case Kind::all_gather: backend.all_gather(o.mesh_dim, o.send, o.recv, o.n); break;
@@ -529,15 +529,15 @@ int first_tensor_of_round(const BatchPlan<N>& batch, std::size_t r) {
   return -1;
 }
 
-// Whether round r, a reduce-scatter or an all-reduce of two tensors or more, runs as
-// point-to-point rounds on a backend that asks for it from `from` packed bytes
+// Whether round r, a reduce-scatter or an all-reduce, runs as point-to-point rounds on its
+// packed block (one tensor's too) on a backend that asks for it from `from` packed bytes
 // (reduce_messages_from): decided on the first rank's packed block, so that every rank of the
 // mesh decides alike.
 template <std::size_t N>
 bool reduces_round_by_messages(const BatchPlan<N>& batch, std::size_t r, std::size_t from) {
   const BatchRound& round = batch.rounds()[r];
   const bool scatter = round.kind == StepKind::reduce_scatter;
-  if ((!scatter && round.kind != StepKind::all_reduce) || round.tensors < 2) return false;
+  if (!scatter && round.kind != StepKind::all_reduce) return false;
   const DeviceMesh& mesh = batch[0].src().mesh();
   const auto g = static_cast<std::size_t>(mesh.size(round.mesh_dim));
   const std::size_t total = round_member_bytes(batch, r, mesh.coordinate(mesh.rank_at(0)));
@@ -567,8 +567,10 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
     for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
       const BatchRound& round = batch.rounds()[r];
       // One tensor's round packs nothing, unless its pieces are strided (on a backend that
-      // cannot move them so).
-      if (round.tensors < 2 && !round_is_strided(batch, r, me)) continue;
+      // cannot move them so) or it reduces by messages.
+      if (round.tensors < 2 && !round_is_strided(batch, r, me) &&
+          !reduces_round_by_messages(batch, r, reduce_messages))
+        continue;
       std::int64_t round_send = 0, round_recv = 0;
       if (round.kind == StepKind::exchange) {
         const RankBytes b = round_rank_bytes(batch, r, rank);
