@@ -164,17 +164,6 @@ constexpr std::size_t batched_all_to_all_from() {
     return 0;
 }
 
-// The packed size (bytes, all members) from which a batch's reduce-scatter round runs as one
-// point-to-point round reduced here (B::reduce_messages_bytes); never where B does not
-// declare it.
-template <class B>
-constexpr std::size_t reduce_messages_from() {
-  if constexpr (requires { B::reduce_messages_bytes; })
-    return B::reduce_messages_bytes;
-  else
-    return std::numeric_limits<std::size_t>::max();
-}
-
 // A batch's all-reduce round of `count` elements in `packed`, in place, as two point-to-point
 // rounds (reduces_round_by_messages): the packed block's g balanced slices reduce-scattered, the
 // partials of this member's slice in the send packing buffer and reduced here in group order,
@@ -531,7 +520,7 @@ int first_tensor_of_round(const BatchPlan<N>& batch, std::size_t r) {
 
 // Whether round r, a reduce-scatter or an all-reduce, runs as point-to-point rounds on its
 // packed block (one tensor's too) on a backend that asks for it from `from` packed bytes
-// (reduce_messages_from): decided on the first rank's packed block, so that every rank of the
+// (reduce_messages_of): decided on the first rank's packed block, so that every rank of the
 // mesh decides alike.
 template <std::size_t N>
 bool reduces_round_by_messages(const BatchPlan<N>& batch, std::size_t r, std::size_t from) {
@@ -633,7 +622,7 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),
-                                       detail::reduce_messages_from<B>());
+                                       detail::reduce_messages_of<detail::Link<B>>::bytes);
 }
 
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as
@@ -683,9 +672,9 @@ void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffer
         ++next[t];
       }
       if (round.empty()) detail::fail<detail::why::batch_internal>(n, r);
-      detail::run_round(
-          backend, round, packing,
-          detail::reduces_round_by_messages(batch, r, detail::reduce_messages_from<B>()));
+      detail::run_round(backend, round, packing,
+                        detail::reduces_round_by_messages(
+                            batch, r, detail::reduce_messages_of<detail::Link<B>>::bytes));
       for (detail::ParkedOp* op : round) {
         op->parked = false;
         const auto t = static_cast<std::size_t>(op - slots.data());
