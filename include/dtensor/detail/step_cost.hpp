@@ -704,12 +704,14 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   const unsigned dims = reduced_partials(before, after).dims;
   const int g = group_size(mesh, dims);
   if (ranks > max_partial_exchange_ranks || g > max_reducing_group) return false;
-  // Each rank's part: a range of one tensor dim of its group's block.
+  // Each rank's part: a range of one tensor dim of its group's block. Written for every rank
+  // below (each is a member of one group) before it is read: not cleared, since clearing the
+  // whole table costs more than the rest of a small mesh's costing.
   struct Part {
-    std::int64_t lo = 0, hi = 0;
-    int dim = 0;
+    std::int64_t lo, hi;
+    int dim;
   };
-  Part part[max_partial_exchange_ranks];
+  Part part[max_partial_exchange_ranks];  // NOLINT(cppcoreguidelines-pro-type-member-init)
   // The slowest first round first, then the second rounds rank by rank against the limit.
   double first = 0, second = 0;
   for (int i = 0; i < ranks; ++i) {
@@ -720,9 +722,10 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
       const MeshCoord member = group_member(mesh, c, dims, j);
       const int at = mesh.index(member);
       const Box mine = parts.part(j);
-      if (!mine.shape.empty())
-        part[at] = {mine.offset[parts.dim], mine.offset[parts.dim] + mine.shape[parts.dim],
-                    parts.dim};
+      part[at] = mine.shape.empty()
+                     ? Part{0, 0, 0}
+                     : Part{mine.offset[parts.dim], mine.offset[parts.dim] + mine.shape[parts.dim],
+                            parts.dim};
       const std::int64_t n = mine.numel();
       out.send[at] = parts.block.numel() - n;
       ExchangeCost e;
