@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <random>
 #include <vector>
@@ -42,8 +43,10 @@ using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
 struct BatchRun {
   std::int64_t most = 0;
   std::vector<std::string> wrong;
+  std::int64_t planned = 0;  // workspace_bytes(batch, backend) of the backend it ran on
 };
-enum class Via { simulated, packing, reducing_by_messages };
+// `reducing_never`: a backend of the type that reduces by messages whose instance never does.
+enum class Via { simulated, packing, reducing_by_messages, reducing_never };
 template <std::size_t N>
 BatchRun run_batch(const BatchPlan<N>& b, Via via) {
   auto bytes_of_block = [](const Layout& l, int rank) {
@@ -68,15 +71,23 @@ BatchRun run_batch(const BatchPlan<N>& b, Via via) {
     }
     ExecuteStats stats;
     PackingBackend forward(simulated);
-    MessageScatterBackend reducing(simulated);
-    if (via == Via::packing)
+    MessageScatterBackend reducing(simulated, via == Via::reducing_never
+                                                  ? std::numeric_limits<std::size_t>::max()
+                                                  : MessageScatterBackend::reduce_messages_bytes);
+    std::int64_t planned = 0;
+    if (via == Via::packing) {
       execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
-    else if (via == Via::reducing_by_messages)
+      planned = workspace_bytes(b, forward);
+    } else if (via == Via::reducing_by_messages || via == Via::reducing_never) {
       execute(b, reducing, std::span<const TensorBuffers>(buffers), &stats);
-    else
+      planned = workspace_bytes(b, reducing);
+    } else {
       execute(b, simulated, std::span<const TensorBuffers>(buffers), &stats);
+      planned = workspace_bytes(b, simulated);
+    }
     const std::scoped_lock guard(lock);
     out.most = std::max(out.most, stats.scratch_peak_bytes);
+    out.planned = planned;
     for (std::size_t t = 0; t < b.size(); ++t)
       if (result[t] != bytes_of_block(b[t].dst(), rank))
         out.wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
@@ -306,9 +317,10 @@ TEST_CASE("strided pieces packed by the round, on backends with and without stri
     for (const bool packing : {false, true}) {
       const BatchPlan<16> b = plan_batch<16>(tensors);
       INFO(fmt::format("{} tensors, packing backend: {}", tensors.size(), packing));
-      const auto [most, wrong] = run_batch(b, packing ? Via::packing : Via::simulated);
+      const auto [most, wrong, planned] = run_batch(b, packing ? Via::packing : Via::simulated);
       CHECK(wrong.empty());
-      CHECK(most <=
+      CHECK(most <= planned);
+      CHECK(planned ==
             (packing ? workspace_bytes<PackingBackend>(b) : workspace_bytes<SimulatedBackend>(b)));
       CHECK(workspace_bytes<SimulatedBackend>(b) <= workspace_bytes(b));
       CHECK(workspace_bytes<PackingBackend>(b) == workspace_bytes(b));
@@ -338,10 +350,11 @@ TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a bac
   CHECK(v.verified);
   CHECK(v.collectives == 2);  // one all-to-all per group of mesh dim 1
   for (const bool packing : {false, true}) {
-    const auto [most, wrong] = run_batch(b, packing ? Via::packing : Via::simulated);
+    const auto [most, wrong, planned] = run_batch(b, packing ? Via::packing : Via::simulated);
     CHECK(wrong.empty());
     INFO("packing backend: " << packing);
     CHECK(most == (packing ? workspace_bytes(b) : 0));
+    CHECK(planned == most);
   }
 }
 
@@ -399,10 +412,18 @@ TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[bat
              r.tensors > 1;
     }));
     MessageScatterBackend::calls = 0;
-    const auto [most, wrong] = run_batch(b, Via::reducing_by_messages);
+    const auto [most, wrong, planned] = run_batch(b, Via::reducing_by_messages);
     CHECK(wrong == std::vector<std::string>{});
     CHECK(MessageScatterBackend::calls == 0);
     CHECK(most <= workspace_bytes<MessageScatterBackend>(b));
+    CHECK(planned == workspace_bytes<MessageScatterBackend>(b));
+    // The same type, an instance that never reduces by messages: the collectives, and the
+    // scratch that instance's workspace_bytes counts.
+    const BatchRun never = run_batch(b, Via::reducing_never);
+    CHECK(never.wrong == std::vector<std::string>{});
+    CHECK(MessageScatterBackend::calls > 0);
+    CHECK(never.most <= never.planned);
+    CHECK(never.planned == workspace_bytes(b));
   }
 }
 
@@ -417,8 +438,9 @@ TEST_CASE("a batch's one-tensor reduction round reduces by messages too", "[batc
   REQUIRE(std::all_of(b.rounds().begin(), b.rounds().end(),
                       [](const BatchRound& r) { return r.tensors == 1; }));
   MessageScatterBackend::calls = 0;
-  const auto [most, wrong] = run_batch(b, Via::reducing_by_messages);
+  const auto [most, wrong, planned] = run_batch(b, Via::reducing_by_messages);
   CHECK(wrong == std::vector<std::string>{});
   CHECK(MessageScatterBackend::calls == 0);
-  CHECK(most <= workspace_bytes<MessageScatterBackend>(b));
+  CHECK(most <= planned);
+  CHECK(planned == workspace_bytes<MessageScatterBackend>(b));
 }

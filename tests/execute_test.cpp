@@ -20,6 +20,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -643,6 +644,10 @@ namespace {
 
 using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
 
+// The threshold the backends of run_scattering_by_messages get (their type's default unless a
+// test sets it).
+std::size_t reduce_by_messages_from = MessageScatterBackend::reduce_messages_bytes;
+
 template <class T, bool async>
 void run_scattering_by_messages(const Plan& plan, std::vector<std::vector<T>>& in,
                                 std::vector<std::vector<T>>& out,
@@ -651,7 +656,7 @@ void run_scattering_by_messages(const Plan& plan, std::vector<std::vector<T>>& i
   SimulatedWorld world(mesh);
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
-    MessageScatterBackend m(b);
+    MessageScatterBackend m(b, reduce_by_messages_from);
     if constexpr (async) {  // counts both rounds of an all-reduce by messages as operations
       execute_async(plan, m, in[i].data(), in[i].size() * sizeof(T), out[i].data(),
                     out[i].size() * sizeof(T))
@@ -659,7 +664,9 @@ void run_scattering_by_messages(const Plan& plan, std::vector<std::vector<T>>& i
     } else {
       ExecuteStats stats;
       execute(plan, m, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
-      CHECK(stats.scratch_peak_bytes == workspace_bytes<MessageScatterBackend>(plan, b.rank()));
+      CHECK(stats.scratch_peak_bytes == workspace_bytes(plan, m, b.rank()));
+      if (m.from == MessageScatterBackend::reduce_messages_bytes)
+        CHECK(stats.scratch_peak_bytes == workspace_bytes<MessageScatterBackend>(plan, b.rank()));
     }
   });
   for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
@@ -701,6 +708,51 @@ TEST_CASE("a backend's large reductions run as point-to-point rounds", "[execute
   CHECK(by_messages > 100);
   WARN(fmt::format("{} plans with a reduce-scatter or an all-reduce, {} with every one by messages",
                    runs, by_messages));
+}
+
+TEST_CASE("a backend instance sets its own threshold for reductions by messages", "[execute]") {
+  // The same plans on backends of one type whose instances reduce by messages from 0 bytes (every
+  // even reduction, empty blocks included) or never: the global view, bytes and scratch as
+  // planned for that instance (workspace_bytes(plan, backend)), and the collectives called
+  // only where the instance says so.
+  struct Case {
+    const char* mesh;
+    Shape shape;
+    const char* from;
+    const char* to;
+  };
+  const Case cases[] = {{"4", {16, 8}, "P", "R"},          {"4", {16, 8}, "P", "S(0)"},
+                        {"4", {3, 2}, "P(max)", "R"},      {"2x2", {8, 8}, "P,P", "R,S(1)"},
+                        {"2x4", {16, 8}, "P,S(0)", "R,R"}, {"2x4", {2, 3}, "S(0),P", "R,R"}};
+  for (const Case& k : cases) {
+    const DeviceMesh mesh = parse_mesh(k.mesh);
+    const Plan plan = plan_redistribute(Layout(mesh, parse_placements(k.from), k.shape),
+                                        Layout(mesh, parse_placements(k.to), k.shape));
+    INFO(fmt::format("{} {} {} -> {}", k.mesh, k.shape, k.from, k.to));
+    int collectives[2] = {};
+    std::int64_t scratch[2] = {};
+    for (int never = 0; never < 2; ++never) {
+      reduce_by_messages_from = never != 0 ? std::numeric_limits<std::size_t>::max() : 0;
+      MessageScatterBackend::calls = 0;
+      for (const bool async : {false, true}) {
+        const Verification v =
+            detail::verify_typed<float>(plan, async ? &run_scattering_by_messages<float, true>
+                                                    : &run_scattering_by_messages<float, false>);
+        CHECK(v.verified);
+      }
+      collectives[never] = MessageScatterBackend::calls;
+      SimulatedWorld world(mesh);
+      world.run([&](SimulatedBackend& b) {
+        if (b.rank() != 0) return;
+        const MessageScatterBackend m(b, reduce_by_messages_from);
+        scratch[never] = workspace_bytes(plan, m);
+      });
+    }
+    CHECK(collectives[0] == 0);  // every reduction by messages
+    CHECK(collectives[1] > 0);   // each one a collective
+    CHECK(scratch[0] >= scratch[1]);
+  }
+  reduce_by_messages_from = MessageScatterBackend::reduce_messages_bytes;
 }
 
 TEST_CASE("runs of one stride: where a box lies in a row-major block", "[execute][strided]") {

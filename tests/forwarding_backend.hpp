@@ -53,13 +53,18 @@ class ForwardingBackend {
 };
 
 // SimulatedBackend-like `Inner` asking for reduce-scatters and all-reduces of blocks of 256 bytes
-// and up as point-to-point rounds reduced by the executor (as MpiBackend does from 1 MiB), and
-// counting the reductions it is still given (all ranks together).
+// and up (its type's default) or of `from` bytes (this instance's, as MpiBackend's
+// Options::reduce_by_messages_from_bytes) as point-to-point rounds reduced by the executor (as
+// MpiBackend does from 1 MiB), and counting the reductions it is still given (all ranks
+// together).
 template <class Inner>
 class MessageReducingBackend : public ForwardingBackend<Inner> {
  public:
   static constexpr std::size_t reduce_messages_bytes = 256;
-  using ForwardingBackend<Inner>::ForwardingBackend;
+  MessageReducingBackend(Inner& inner, std::size_t from_bytes = reduce_messages_bytes)
+      : ForwardingBackend<Inner>(inner), from(from_bytes) {}
+  [[nodiscard]] std::size_t reduce_by_messages_from() const { return from; }
+  std::size_t from;
   void reduce_scatter(int k, const void* s, void* r, std::size_t n, DType t, ReduceOp op) {
     ++calls;
     ForwardingBackend<Inner>::reduce_scatter(k, s, r, n, t, op);

@@ -52,6 +52,10 @@ struct RecvMessage {
 // refuses a plan that needs another before anything moves.
 // A backend whose memory is not host memory also provides `local_ops()`, the LocalOps
 // (local_ops.hpp) that execute() uses for its packing, filling and staging on that memory.
+// A backend whose reductions are slow on large blocks may have the executor reduce them itself
+// over point-to-point rounds: `static constexpr std::size_t reduce_messages_bytes` (from how many
+// bytes of block, its type's default) and, optionally, `std::size_t reduce_by_messages_from()
+// const` (the same for this instance, the same on every rank).
 template <class B>
 concept Backend = requires(B& b, const B& cb, int mesh_dim, const void* send, void* recv,
                            std::size_t n, DType dtype, ReduceOp op,

@@ -68,6 +68,19 @@ std::int64_t workspace_bytes(const Plan& plan, int rank) {
                                       detail::abilities_of<detail::Link<B>>);
 }
 
+// The two above on this backend, with its options rather than its type's defaults (on MPI,
+// Options::reduce_by_messages_from_bytes): what execute(plan, backend, ...) holds on the
+// busiest rank, and on global rank `rank`.
+template <Backend B>
+std::int64_t workspace_bytes(const Plan& plan, const B& backend) {
+  return detail::workspace_bytes(plan, 0, detail::backend_abilities(backend));
+}
+template <Backend B>
+std::int64_t workspace_bytes(const Plan& plan, const B& backend, int rank) {
+  return detail::rank_workspace_bytes(plan, plan.src().mesh().coordinate(rank), 0,
+                                      detail::backend_abilities(backend));
+}
+
 // What one execute() call used, for tests and tuning.
 struct ExecuteStats {
   // The most scratch memory held at once: blocks between steps plus a step's staging.

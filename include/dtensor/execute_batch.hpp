@@ -616,13 +616,21 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
                                        std::numeric_limits<std::size_t>::max());
 }
 
-// The same on backend B (`workspace_bytes<MpiBackend>(batch)`): on a BatchedAllToAll backend an
-// all-to-all round packs nothing (on MPI, from 512 KiB of packed pieces up), and a reduce-scatter
-// round by messages receives g - 1 partials (on MPI, from 1 MiB packed).
+// The same on backend B with its default options (`workspace_bytes<MpiBackend>(batch)`): on a
+// BatchedAllToAll backend an all-to-all round packs nothing (on MPI, from 512 KiB of packed
+// pieces up), and a reduce-scatter round by messages receives g - 1 partials (on MPI, from
+// 1 MiB packed).
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),
                                        detail::reduce_messages_of<detail::Link<B>>::bytes);
+}
+
+// The same on this backend, with its options (MpiBackend::Options::reduce_by_messages_from_bytes).
+template <Backend B, std::size_t N>
+std::int64_t workspace_bytes(const BatchPlan<N>& batch, const B& backend) {
+  return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),
+                                       detail::reduce_messages_from(backend));
 }
 
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as
@@ -645,6 +653,7 @@ void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffer
           detail::check_run(batch[t], backend, buffers[t].src_bytes, buffers[t].dst_bytes));
   });
   const std::size_t n = batch.size();
+  const std::size_t reduce_messages = detail::reduce_messages_from(backend);
   std::vector<detail::ParkedOp> slots(n);
   std::vector<std::int64_t> peaks(n, 0);
   std::vector<detail::Task<void>> tasks;
@@ -673,8 +682,7 @@ void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffer
       }
       if (round.empty()) detail::fail<detail::why::batch_internal>(n, r);
       detail::run_round(backend, round, packing,
-                        detail::reduces_round_by_messages(
-                            batch, r, detail::reduce_messages_of<detail::Link<B>>::bytes));
+                        detail::reduces_round_by_messages(batch, r, reduce_messages));
       for (detail::ParkedOp* op : round) {
         op->parked = false;
         const auto t = static_cast<std::size_t>(op - slots.data());

@@ -1,7 +1,10 @@
 // Random redistributions over MPI under mpirun -np 8: meshes of 8 ranks in 1 to 3 dims (and
 // with dims of extent 1), shapes of 1 to 3 dims with empty and uneven blocks, every placement
 // and reduce op, seven dtypes and every planner option; each run on every rank's block of the
-// global view and checked against the simulated backend (run_against_simulator.hpp).
+// global view and checked against the simulated backend (run_against_simulator.hpp). Every
+// other case runs on a backend whose options take the paths meant for large blocks at any size:
+// reductions by messages and single-copy all-to-alls (where the kernel allows it) from 0 bytes;
+// every third on one that takes neither.
 //
 //   mpirun -np 8 test_mpi_random [cases] [seed]      (ctest: 400 cases, seed 1)
 #include <dtensor/backend/mpi.hpp>
@@ -14,6 +17,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -69,6 +73,21 @@ RandomCase draw(std::mt19937& rng) {
   return c;
 }
 
+// The backend's options for variant 0 (defaults), 1 (reductions by messages and single copy at
+// any size) and 2 (neither).
+MpiBackend::Options backend_options(int variant) {
+  MpiBackend::Options o;
+  if (variant == 1) {
+    o.reduce_by_messages_from_bytes = 0;
+    o.single_copy = MpiBackend::SingleCopy::always;
+    o.single_copy_from_bytes = 0;
+  } else if (variant == 2) {
+    o.reduce_by_messages_from_bytes = std::numeric_limits<std::size_t>::max();
+    o.single_copy = MpiBackend::SingleCopy::never;
+  }
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,13 +99,15 @@ int main(int argc, char** argv) {
   const auto seed = static_cast<std::uint32_t>(argc > 2 ? std::atoi(argv[2]) : 1);
   std::mt19937 rng(seed);
   testing::Agreement verdict(world_rank);
-  std::map<std::string, std::unique_ptr<MpiBackend>> backends;  // one per mesh shape
+  // One per mesh shape and set of options (backend_options).
+  std::map<std::string, std::unique_ptr<MpiBackend>> backends;
   int refused = 0;
   for (int i = 0; i < cases; ++i) {
     const RandomCase c = draw(rng);
     if (c.mesh.size() != world_size) continue;
-    const std::string spelled = fmt::format("{} {} {} {} -> {} (case {}, seed {})", c.mesh, c.shape,
-                                            c.dtype, c.from, c.to, i, seed);
+    const std::string spelled =
+        fmt::format("{} {} {} {} -> {} (case {}, seed {}, backend options {})", c.mesh, c.shape,
+                    c.dtype, c.from, c.to, i, seed, i % 3);
     Layout src, dst;
     try {
       src = Layout(c.mesh, c.from, c.shape, c.dtype);
@@ -95,8 +116,10 @@ int main(int argc, char** argv) {
       ++refused;  // e.g. a Shard of a dim the drawn shape does not have: refused everywhere
       continue;
     }
-    auto& backend = backends[fmt::format("{}", c.mesh)];
-    if (!backend) backend = std::make_unique<MpiBackend>(c.mesh);
+    const int variant = i % 3;
+    auto& backend = backends[fmt::format("{} {}", c.mesh, variant)];
+    if (!backend)
+      backend = std::make_unique<MpiBackend>(c.mesh, MPI_COMM_WORLD, backend_options(variant));
     std::string problem;
     try {
       problem = detail::visit_dtype(c.dtype, [&]<class T>() {

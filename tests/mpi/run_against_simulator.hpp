@@ -36,10 +36,9 @@ std::string run_against_simulator(const Layout& src, const Layout& dst, MpiBacke
     problem = fmt::format("rank {} threw: {}", rank, e.what());
   }
   if (stats != nullptr) *stats = held;
-  // Exactly the scratch the executor plans for this rank on MPI (blocks in the target, steps
-  // in place, strided pieces).
-  const std::int64_t planned = detail::rank_workspace_bytes(
-      plan, mesh.coordinate(rank), 0, detail::abilities_of<detail::Link<MpiBackend>>);
+  // Exactly the scratch the executor plans for this rank on this backend (blocks in the target,
+  // steps in place, strided pieces, reductions by messages as its options say).
+  const std::int64_t planned = workspace_bytes(plan, backend, rank);
   if (problem.empty() && held.scratch_peak_bytes != planned)
     problem = fmt::format("rank {} held {} scratch bytes, planned {}", rank,
                           held.scratch_peak_bytes, planned);

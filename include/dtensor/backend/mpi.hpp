@@ -118,9 +118,10 @@ class MpiBackend {
   // both sides, since building a datatype per member and tensor costs more than copying it
   // (about 0.5 us per tensor and member here, bench/README.md).
   static constexpr std::size_t batched_all_to_all_bytes = std::size_t{512} << 10;
-  // An even reduce-scatter of blocks of at least this size runs as one point-to-point round
-  // reduced by dtensor in group order rather than MPI_Ireduce_scatter_block: Open MPI 4.1 reduces
-  // large blocks 1.3 to 3.6 times slower than the round (bench/README.md, reduce-scatter).
+  // By default, an even reduce-scatter of blocks of at least this size runs as one point-to-point
+  // round reduced by dtensor in group order rather than MPI_Ireduce_scatter_block, and an
+  // all-reduce as two (Options::reduce_by_messages_from_bytes): Open MPI 4.1 reduces large
+  // blocks 1.3 to 3.6 times slower than the round (bench/README.md, reduce-scatter).
   static constexpr std::size_t reduce_messages_bytes = std::size_t{1} << 20;
 
   // Whether a blocking all-to-all whose pieces are strided on one side (S(0) -> S(1),
@@ -148,6 +149,11 @@ class MpiBackend {
     // Bytes of rows packed (or unpacked) and moved per kernel call of a single copy, in a
     // staging buffer meant to stay in cache.
     std::size_t single_copy_chunk_bytes = std::size_t{64} << 10;
+    // From how many bytes of block (the first rank's) an even reduce-scatter or an all-reduce
+    // runs as point-to-point rounds reduced by dtensor instead of MPI's collective: 0 always,
+    // SIZE_MAX never (an MPI whose reductions are fast, e.g. across machines). The same on
+    // every rank; workspace_bytes(plan, backend) counts the scratch this choice takes.
+    std::size_t reduce_by_messages_from_bytes = reduce_messages_bytes;
   };
 
   // Every process of `world` constructs it (collective), and every one must be in `mesh`:
@@ -292,6 +298,10 @@ class MpiBackend {
     }
     Request r = start_all_to_all_strided(mesh_dim, send, recv, sent, received);
     wait(r);
+  }
+  // From how many bytes of block reductions run by messages (Options).
+  [[nodiscard]] std::size_t reduce_by_messages_from() const noexcept {
+    return options_.reduce_by_messages_from_bytes;
   }
   // Whether the group of mesh dim k moves strided all-to-alls by single copy (Options).
   [[nodiscard]] bool single_copy(int mesh_dim) const {

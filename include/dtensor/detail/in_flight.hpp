@@ -30,7 +30,7 @@ void start_parked(ExecutionQueue& queue);
 
 // The operations a plan starts on its link: one per communication step, two for an exchange
 // from a Partial (its parts reduced, then delivered) and for an all-reduce of blocks of
-// `reduce_messages` bytes and up (reduce_messages_of: a reduce-scatter then an all-gather).
+// `reduce_messages` bytes and up (reduce_messages_from: a reduce-scatter then an all-gather).
 inline int link_operations(const Plan& plan, std::size_t reduce_messages) {
   int n = 0;
   for (const Step& s : plan)
@@ -58,7 +58,7 @@ struct Running final : InFlight {
   Task<void> task;
 
   Running(B& b, const Plan& p)
-      : backend(b), plan(p), operations(link_operations(p, reduce_messages_of<Link<B>>::bytes)) {
+      : backend(b), plan(p), operations(link_operations(p, reduce_messages_from(b))) {
     started_all = operations == 0;
   }
   Running(const Running&) = delete;

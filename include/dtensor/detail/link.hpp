@@ -1,5 +1,6 @@
 #pragma once
 
+#include <concepts>
 #include <coroutine>
 #include <cstddef>
 #include <exception>
@@ -261,8 +262,8 @@ concept StridedExchangeLink = requires(const L& link, std::span<const StridedSen
 };
 
 // From how many bytes of block a link's even reduce-scatters and all-reduces run as point-to-
-// point rounds reduced by dtensor: what its backend declares (B::reduce_messages_bytes), else
-// never.
+// point rounds reduced by dtensor by default: what its backend type declares
+// (B::reduce_messages_bytes), else never.
 template <class L>
 struct reduce_messages_of {
   static constexpr std::size_t bytes = std::numeric_limits<std::size_t>::max();
@@ -272,6 +273,18 @@ requires requires { B::reduce_messages_bytes; }
 struct reduce_messages_of<Link<B>> {
   static constexpr std::size_t bytes = B::reduce_messages_bytes;
 };
+
+// The same for one backend: its own threshold where it has one (reduce_by_messages_from(), an
+// option of the instance, the same on every rank), else its type's (reduce_messages_of).
+template <class B>
+std::size_t reduce_messages_from(const B& backend) {
+  if constexpr (requires {
+                  { backend.reduce_by_messages_from() } -> std::convertible_to<std::size_t>;
+                })
+    return backend.reduce_by_messages_from();
+  else
+    return reduce_messages_of<Link<B>>::bytes;
+}
 
 // Whether step s of `plan` reduces blocks of at least `from` bytes, judged on the first rank's
 // block so that every rank of the mesh decides alike.

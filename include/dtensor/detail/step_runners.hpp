@@ -149,6 +149,25 @@ inline constexpr LinkAbilities abilities_of{StridedLink<L>, StridedGatherLink<L>
                                             StridedExchangeLink<L>, false,
                                             reduce_messages_of<L>::bytes};
 
+// The abilities of a run straight on `backend` (a Link<B>): its type's, with the backend's own
+// threshold for reductions by messages (reduce_messages_from).
+template <class B>
+LinkAbilities backend_abilities(const B& backend) {
+  LinkAbilities a = abilities_of<Link<B>>;
+  a.reduce_messages_from = reduce_messages_from(backend);
+  return a;
+}
+
+// The abilities of one link: backend_abilities for a Link, its type's otherwise.
+template <class L>
+LinkAbilities link_abilities(const L& /*link*/) {
+  return abilities_of<L>;
+}
+template <class B>
+LinkAbilities link_abilities(const Link<B>& link) {
+  return backend_abilities(link.backend);
+}
+
 // Where `piece`, a box inside the row-major block `block`, lies in it as runs of one stride:
 // its first byte, and its runs (StridedPieces of one piece). None when its rows are not one
 // stride apart (two dims it cuts short, with a dim it spans whole or not at all between).
@@ -308,7 +327,7 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
                                  std::byte* out) {
   const int k = c.step.mesh_dim, i = c.step.before[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const GatherWay w = gather_way(c, abilities_of<L>);
+  const GatherWay w = gather_way(c, link_abilities(link));
   const Shape origin(c.have.shape.size(), 0);
   if (c.even || c.step.padded) {
     const StagingBuffers b(ops, w, c.spare);
@@ -428,7 +447,7 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   const int k = c.step.mesh_dim;
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const std::size_t own_bytes = bytes_of(c.want, c.elem);
-  const ExchangeReduceWay w = exchange_reduce_way(c, slabs, piece_of, abilities_of<L>);
+  const ExchangeReduceWay w = exchange_reduce_way(c, slabs, piece_of, link_abilities(link));
   const StagingBuffers b(ops, w, c.spare);
   Messages m;
   std::vector<const void*> parts(static_cast<std::size_t>(g));
@@ -520,7 +539,7 @@ Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& 
   const ReduceOp op = c.step.before[k].reduce_op();
   const DType dtype = c.plan.src().dtype();
   const Shape origin(c.want.shape.size(), 0);
-  if (!scatters_by_messages(c, abilities_of<L>)) {
+  if (!scatters_by_messages(c, link_abilities(link))) {
     const ScatterWay w = scatter_way(c);
     const StagingBuffers b(ops, w, c.spare);
     if (c.even && !w.direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, b.send, c.elem);
@@ -613,7 +632,7 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
   const int k = c.step.mesh_dim;
   const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
-  const AllToAllWay w = all_to_all_way(c, abilities_of<L>, cur == out);
+  const AllToAllWay w = all_to_all_way(c, link_abilities(link), cur == out);
   const Shape origin(c.have.shape.size(), 0);
   if (c.even || c.step.padded) {
     const StagingBuffers b(ops, w, c.spare);
@@ -926,7 +945,7 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
 template <class L, class Ops>
 Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContext& c,
                                         const std::byte* cur, std::byte* out) {
-  const ReducingExchangeWay w = reducing_exchange_way(c, abilities_of<L>);
+  const ReducingExchangeWay w = reducing_exchange_way(c, link_abilities(link));
   const StagingBuffers b(ops, w, c.spare);
   const auto me = static_cast<std::size_t>(w.me);
   const Box& own = w.parts[me];
@@ -973,7 +992,7 @@ Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, con
                                std::byte* out) {
   if (exchange_reduces(c.step.before, c.step.after))
     co_return co_await run_reducing_exchange(link, ops, c, cur, out);
-  const ExchangeWay w = exchange_way(c, abilities_of<L>);
+  const ExchangeWay w = exchange_way(c, link_abilities(link));
   // Into a Partial: the identity wherever another member of the group holds the value.
   if (makes_partial(c.step.before, c.step.after))
     ops.fill_identity(c.plan.src().dtype(), out, static_cast<std::size_t>(c.want.numel()),
@@ -1311,7 +1330,7 @@ Task<std::size_t> run_step(L link, const Ops& ops, const StepContext& c, const s
     case StepKind::reduce_scatter: co_return co_await run_reduce_scatter(link, ops, c, cur, out);
     case StepKind::all_reduce:
       if (c.messages) co_return co_await run_all_reduce_exact(link, ops, c, cur, out);
-      if (all_reduces_by_messages(c, abilities_of<L>))
+      if (all_reduces_by_messages(c, link_abilities(link)))
         co_return co_await run_all_reduce_by_messages(link, ops, c, cur, out);
       co_await link.all_reduce(c.step.mesh_dim, cur, out, static_cast<std::size_t>(c.have.numel()),
                                c.plan.src().dtype(), c.step.before[c.step.mesh_dim].reduce_op());
@@ -1339,8 +1358,9 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
   }
   Stage stages[max_plan_steps];
   const std::size_t n = stages_of(plan, stages);
+  const LinkAbilities abilities = link_abilities(link);
   const BlockPlacement placed =
-      n > 1 ? place_blocks(plan, me, point_to_point, abilities_of<L>) : BlockPlacement{};
+      n > 1 ? place_blocks(plan, me, point_to_point, abilities) : BlockPlacement{};
   const std::uint32_t in_target = placed.in_target;
   const std::byte* cur = src;
   // The scratch blocks before and after the stage that runs (place_blocks).
@@ -1354,7 +1374,7 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
       continue;
     }
     const std::int64_t rows_per_band =
-        first == i ? band_rows(c, abilities_of<L>, stage == 0, stage + 1 == n) : 0;
+        first == i ? band_rows(c, abilities, stage == 0, stage + 1 == n) : 0;
     // The target, unless this block goes to scratch; the step runs in place when its block is
     // in the target too, and may stage in the target when neither is.
     std::byte* out = dst;
