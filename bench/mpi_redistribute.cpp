@@ -1,7 +1,8 @@
 // A redistribution over MPI against the bare MPI collective moving the same bytes, per message
 // size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute [runs]
-// [collective] [chunk] ([collective]: only the rows whose collective starts with that name, e.g.
-// all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes in KiB)
+// [collective] [chunk] [direct] ([collective]: only the rows whose collective starts with that
+// name, e.g. all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes in KiB;
+// [direct]: single_copy_direct_from_bytes in KiB, -1 for never)
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <vector>
 
@@ -34,6 +36,11 @@ int main(int argc, char** argv) {
   MpiBackend::Options options;
   if (argc > 3)
     options.single_copy_chunk_bytes = std::size_t(std::max(1, std::atoi(argv[3]))) << 10;
+  // [direct KiB]: MpiBackend::Options::single_copy_direct_from_bytes (-1: never).
+  if (argc > 4)
+    options.single_copy_direct_from_bytes = std::atoi(argv[4]) < 0
+                                                ? std::numeric_limits<std::size_t>::max()
+                                                : std::size_t(std::atoi(argv[4])) << 10;
   MpiBackend backend(mesh, MPI_COMM_WORLD, options);
   struct Case {
     std::string_view name, from, to;

@@ -8,6 +8,7 @@
 
 #include <fmt/core.h>
 
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -138,8 +139,10 @@ int main(int argc, char** argv) {
   // The same strided all-to-alls by single copy between the ranks' buffers
   // (MpiBackend::SingleCopy::always, from any size): strided sends written into the peers'
   // targets, strided receives read from the peers' sources; the same results as the simulator,
-  // and the path taken wherever this machine lets ranks reach each other's memory. Strided
-  // all-gathers on such a backend keep their datatypes.
+  // and the path taken wherever this machine lets ranks reach each other's memory. Each with
+  // rows through the staging buffer, and with rows moved straight (single_copy_direct_from_bytes
+  // 0), where strided all-gathers are read from the peers' sources too (they keep their
+  // datatypes otherwise).
   const Strided single[] = {
       {"8", "S(0)", "S(1)", {16, 32}},        {"8", "S(0)", "S(1)", {64, 1024}},
       {"8", "S(0)", "S(2)", {16, 3, 16}},     {"8", "S(0)", "S(1)", {13, 24}},
@@ -148,34 +151,38 @@ int main(int argc, char** argv) {
       {"2x4", "R,S(0)", "R,S(1)", {8, 16}},   {"2x4", "S(0),S(1)", "S(1),S(0)", {16, 16}},
       {"2x4", "S(1),S(1)", "S(1),R", {8, 64}}};
   int single_copies = 0;
-  for (const Strided& c : single) {
-    const DeviceMesh mesh = parse_mesh(c.mesh);
-    if (mesh.size() != world_size) continue;
-    MpiBackend backend(
-        mesh, MPI_COMM_WORLD,
-        {.single_copy = MpiBackend::SingleCopy::always, .single_copy_from_bytes = 0});
-    single_copies += backend.single_copy(mesh.ndim() - 1) ? 1 : 0;
-    for (DType dtype : {DType::f32, DType::bf16}) {
-      const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
-      const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
-      const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
-        return testing::run_against_simulator<T>(src, dst, backend, nullptr);
-      });
-      int bad = problem.empty() ? 0 : 1, any = 0;
-      MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-      if (any) {
-        ++failed;
-        if (!problem.empty())
-          fmt::print(stderr, "FAIL single copy {} {} {} {} -> {}: {}\n", c.mesh, c.shape, dtype,
-                     c.from, c.to, problem);
-      } else {
-        ++passed;
+  for (const Strided& c : single)
+    for (const std::size_t direct_from :
+         {std::numeric_limits<std::size_t>::max(), std::size_t{0}}) {
+      const DeviceMesh mesh = parse_mesh(c.mesh);
+      if (mesh.size() != world_size) continue;
+      MpiBackend backend(mesh, MPI_COMM_WORLD,
+                         {.single_copy = MpiBackend::SingleCopy::always,
+                          .single_copy_from_bytes = 0,
+                          .single_copy_direct_from_bytes = direct_from});
+      single_copies += backend.single_copy(mesh.ndim() - 1) ? 1 : 0;
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
+        const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
+        const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
+          return testing::run_against_simulator<T>(src, dst, backend, nullptr);
+        });
+        int bad = problem.empty() ? 0 : 1, any = 0;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (any) {
+          ++failed;
+          if (!problem.empty())
+            fmt::print(stderr, "FAIL single copy{} {} {} {} {} -> {}: {}\n",
+                       direct_from == 0 ? " (rows straight)" : "", c.mesh, c.shape, dtype, c.from,
+                       c.to, problem);
+        } else {
+          ++passed;
+        }
       }
     }
-  }
   if (world_rank == 0)
     fmt::print("single copy: {} of {} backends could reach their peers' memory\n", single_copies,
-               std::size(single));
+               2 * std::size(single));
   // A bad argument is an exception, not an abort: a mesh that is not the world.
   bool refused = false;
   try {

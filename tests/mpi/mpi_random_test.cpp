@@ -1,10 +1,11 @@
 // Random redistributions over MPI under mpirun -np 8: meshes of 8 ranks in 1 to 3 dims (and
 // with dims of extent 1), shapes of 1 to 3 dims with empty and uneven blocks, every placement
 // and reduce op, seven dtypes and every planner option; each run on every rank's block of the
-// global view and checked against the simulated backend (run_against_simulator.hpp). Every
-// other case runs on a backend whose options take the paths meant for large blocks at any size:
-// reductions by messages and single-copy all-to-alls (where the kernel allows it) from 0 bytes;
-// every third on one that takes neither.
+// global view and checked against the simulated backend (run_against_simulator.hpp). Cases
+// rotate over four backends per mesh: default options; the paths meant for large blocks at any
+// size (reductions by messages and single-copy all-to-alls, where the kernel allows it, from 0
+// bytes), the copies' rows through the staging buffer; the same with rows moved straight
+// (strided all-gathers by single copy too); and neither.
 //
 //   mpirun -np 8 test_mpi_random [cases] [seed]      (ctest: 400 cases, seed 1)
 #include <dtensor/backend/mpi.hpp>
@@ -74,14 +75,15 @@ RandomCase draw(std::mt19937& rng) {
 }
 
 // The backend's options for variant 0 (defaults), 1 (reductions by messages and single copy at
-// any size) and 2 (neither).
+// any size, rows staged), 2 (the same, rows straight) and 3 (neither).
 MpiBackend::Options backend_options(int variant) {
   MpiBackend::Options o;
-  if (variant == 1) {
+  if (variant == 1 || variant == 2) {
     o.reduce_by_messages_from_bytes = 0;
     o.single_copy = MpiBackend::SingleCopy::always;
     o.single_copy_from_bytes = 0;
-  } else if (variant == 2) {
+    o.single_copy_direct_from_bytes = variant == 1 ? std::numeric_limits<std::size_t>::max() : 0;
+  } else if (variant == 3) {
     o.reduce_by_messages_from_bytes = std::numeric_limits<std::size_t>::max();
     o.single_copy = MpiBackend::SingleCopy::never;
   }
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
     if (c.mesh.size() != world_size) continue;
     const std::string spelled =
         fmt::format("{} {} {} {} -> {} (case {}, seed {}, backend options {})", c.mesh, c.shape,
-                    c.dtype, c.from, c.to, i, seed, i % 3);
+                    c.dtype, c.from, c.to, i, seed, i % 4);
     Layout src, dst;
     try {
       src = Layout(c.mesh, c.from, c.shape, c.dtype);
@@ -116,7 +118,7 @@ int main(int argc, char** argv) {
       ++refused;  // e.g. a Shard of a dim the drawn shape does not have: refused everywhere
       continue;
     }
-    const int variant = i % 3;
+    const int variant = i % 4;
     auto& backend = backends[fmt::format("{} {}", c.mesh, variant)];
     if (!backend)
       backend = std::make_unique<MpiBackend>(c.mesh, MPI_COMM_WORLD, backend_options(variant));

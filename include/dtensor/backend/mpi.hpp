@@ -126,12 +126,13 @@ class MpiBackend {
 
   // Whether a blocking all-to-all whose pieces are strided on one side (S(0) -> S(1),
   // S(1) -> S(0)) moves them with the kernel's single copy between the ranks' buffers (Linux
-  // process_vm_writev / process_vm_readv, rows packed or unpacked 64 KiB at a time in cache)
-  // instead of MPI's derived datatypes, which Open MPI 4.1 moves through copy-in/copy-out
-  // shared-memory fragments (two copies). Only where every member of the group runs on this
-  // machine and the kernel lets them reach each other's memory; operations started with start_*
-  // (execute_async) keep the datatypes. (A strided all-gather pulled so ran slower than the
-  // datatype at 64 MiB on 16 cores, bench/README.md, and keeps it.)
+  // process_vm_writev / process_vm_readv: rows of 1 KiB and up straight, one iovec each, shorter
+  // ones packed or unpacked 64 KiB at a time in cache) instead of MPI's derived datatypes, which
+  // Open MPI 4.1 moves through copy-in/copy-out shared-memory fragments (two copies); so does a
+  // blocking strided all-gather (S(1) -> R) whose rows go straight (pulled through the staging
+  // buffer it ran slower than the datatype, bench/README.md). Only where every member of the
+  // group runs on this machine and the kernel lets them reach each other's memory; operations
+  // started with start_* (execute_async) keep the datatypes.
   enum class SingleCopy : std::uint8_t {
     automatic,  // where the ranks on this machine have a core each (not oversubscribed)
     always,     // wherever it works (tests)
@@ -149,6 +150,11 @@ class MpiBackend {
     // Bytes of rows packed (or unpacked) and moved per kernel call of a single copy, in a
     // staging buffer meant to stay in cache.
     std::size_t single_copy_chunk_bytes = std::size_t{64} << 10;
+    // Rows of at least this many bytes move by single copy straight between the buffers, one
+    // iovec each (up to 1,024 per kernel call), without the staging buffer: from 1 KiB the
+    // kernel copies strided rows within 20% of one contiguous block, where staging adds a
+    // second copy (bench/README.md). A strided all-gather goes by single copy only so.
+    std::size_t single_copy_direct_from_bytes = std::size_t{1} << 10;
     // From how many bytes of block (the first rank's) an even reduce-scatter or an all-reduce
     // runs as point-to-point rounds reduced by dtensor instead of MPI's collective: 0 always,
     // SIZE_MAX never (an MPI whose reductions are fast, e.g. across machines). The same on
@@ -308,6 +314,12 @@ class MpiBackend {
     return state_->single_copy[static_cast<std::size_t>(mesh_dim)] != 0;
   }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
+    if (needs_type(pieces) && pieces.run_bytes >= options_.single_copy_direct_from_bytes &&
+        goes_by_single_copy(mesh_dim, pieces)) {
+      // Pulled: every member's contiguous piece read straight into its strided place.
+      single_copy_move(mesh_dim, false, send, 0, nullptr, recv, pieces);
+      return;
+    }
     Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
     wait(r);
   }
@@ -777,15 +789,16 @@ class MpiBackend {
     const auto g = static_cast<std::size_t>(mesh_.size(k));
     return single_copy(k) && runs.piece_bytes() * g >= options_.single_copy_from_bytes;
   }
-  // One strided all-to-all by single copy: every member's address of `exposed`
-  // gathered, then for each member j (next one first) piece j of this rank's strided side
-  // (`runs`: `local_in` when pushing, `local_out` when pulling) moved 64 KiB of rows at a time,
-  // packed into or unpacked from a staging buffer that stays in cache, to or from the contiguous
-  // bytes at member j's `exposed` + `remote_offset`: written there when `push` (a strided send
-  // side), read from there otherwise (a strided receive side). This rank's own piece is a local
-  // copy (into `local_out`, which is `exposed` when pushing). A minimum of everyone's success
-  // both reports failures and tells each member that every copy into or out of its buffers is
-  // done.
+  // One strided all-to-all (or, pulling with `remote_offset` 0, all-gather) by single copy:
+  // every member's address of `exposed` gathered, then for each member j (next one first) piece
+  // j of this rank's strided side (`runs`: `local_in` when pushing, `local_out` when pulling)
+  // moved to or from the contiguous bytes at member j's `exposed` + `remote_offset`: written
+  // there when `push` (a strided send side), read from there otherwise (a strided receive side).
+  // Rows of Options::single_copy_direct_from_bytes and up go straight, one iovec each; shorter
+  // ones 64 KiB at a time, packed into or unpacked from a staging buffer that stays in cache.
+  // This rank's own piece is a local copy (into `local_out`, which is `exposed` when pushing).
+  // A minimum of everyone's success both reports failures and tells each member that every
+  // copy into or out of its buffers is done.
   void single_copy_move(int k, bool push, const void* exposed, std::size_t remote_offset,
                         const void* local_in, void* local_out, StridedPieces runs) {
 #ifdef __linux__
@@ -801,9 +814,13 @@ class MpiBackend {
          addresses.call_);
     wait(addresses);
     const std::size_t run = runs.run_bytes;
-    const std::size_t rows_per =
-        std::max<std::size_t>(1, options_.single_copy_chunk_bytes / std::max<std::size_t>(1, run));
-    std::vector<std::byte> staging(std::min(rows_per, runs.rows) * run);
+    const bool direct = run >= options_.single_copy_direct_from_bytes;
+    const std::size_t rows_per = direct
+                                     ? max_iovecs
+                                     : std::max<std::size_t>(1, options_.single_copy_chunk_bytes /
+                                                                    std::max<std::size_t>(1, run));
+    std::vector<std::byte> staging(direct ? 0 : std::min(rows_per, runs.rows) * run);
+    std::vector<iovec> rows(direct ? std::min(rows_per, runs.rows) : 0);
     const std::vector<int>& pids = state_->pids[static_cast<std::size_t>(k)];
     int ok = 1;
     int failure = 0;
@@ -828,9 +845,24 @@ class MpiBackend {
           continue;
         }
         if (ok == 0) continue;
-        iovec here{staging.data(), bytes};
         // NOLINTNEXTLINE(performance-no-int-to-ptr): member j's address, reached by the kernel
         iovec there{reinterpret_cast<void*>(where[j] + at), bytes};
+        if (direct) {  // this rank's rows where they lie, one iovec each
+          for (std::size_t i = 0; i < m; ++i) {
+            const std::size_t offset = (row + i) * runs.stride_bytes;
+            rows[i] = {push ? const_cast<std::byte*>(in + offset)  // NOLINT: only read
+                            : out + offset,
+                       run};
+          }
+          const ssize_t moved = push ? process_vm_writev(pids[j], rows.data(), m, &there, 1, 0)
+                                     : process_vm_readv(pids[j], rows.data(), m, &there, 1, 0);
+          if (moved != static_cast<ssize_t>(bytes)) {
+            ok = 0;
+            failure = moved < 0 ? errno : EIO;  // EIO: a short copy
+          }
+          continue;
+        }
+        iovec here{staging.data(), bytes};
         if (push) {
           for (std::size_t i = 0; i < m; ++i)
             std::memcpy(staging.data() + i * run, in + (row + i) * runs.stride_bytes, run);
@@ -867,6 +899,9 @@ class MpiBackend {
         static_cast<void>(runs);
 #endif
   }
+
+  // The most iovecs one process_vm_readv or process_vm_writev takes (Linux's UIO_MAXIOV).
+  static constexpr std::size_t max_iovecs = 1024;
 
   static bool needs_type(StridedPieces pieces) noexcept {
     return pieces.rows > 1 && pieces.run_bytes != 0;
