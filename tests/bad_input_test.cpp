@@ -9,6 +9,7 @@
 
 #include "forwarding_backend.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -121,6 +122,35 @@ TEST_CASE("buffers too small for the local blocks", "[bad][execute]") {
                    "the source buffer holds 31 bytes, but rank 0 needs 32") == 1);
   CHECK(std::count(messages.begin(), messages.end(),
                    "the target buffer holds 12 bytes, but rank 3 needs 128") == 1);
+}
+
+TEST_CASE("source and target buffers that overlap", "[bad][execute]") {
+  // An all-gather called MPI_IN_PLACE-style (each rank's source at its place in the target) is
+  // refused before anything moves, on every rank, and no buffer is written; the same blocks
+  // side by side in one allocation run.
+  const DeviceMesh m({4});
+  const Plan plan = plan_redistribute(layout(m, "S(0)", {8, 4}), layout(m, "R", {8, 4}));
+  SimulatedWorld world(m);
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  world.run([&](SimulatedBackend& b) {
+    std::vector<float> target(32, -1.0f);
+    const float* src = target.data() + 8 * b.rank();
+    try {
+      execute(plan, b, src, 32, target.data(), 128);
+    } catch (const error& e) {
+      const std::lock_guard lock(mutex);
+      messages.emplace_back(e.what());
+    }
+    CHECK(std::all_of(target.begin(), target.end(), [](float v) { return v == -1.0f; }));
+    std::vector<float> both(40, 1.0f);  // the target, then the source right after it
+    execute(plan, b, both.data() + 32, 32, both.data(), 128);
+    CHECK(std::all_of(both.begin(), both.end(), [](float v) { return v == 1.0f; }));
+  });
+  REQUIRE(messages.size() == 4);
+  CHECK(std::count(messages.begin(), messages.end(),
+                   "the source and target buffers overlap on rank 2 (32 bytes in common): the "
+                   "source is never written, so the target must be a buffer of its own") == 1);
 }
 
 TEST_CASE("a span of another element type than the plan's", "[bad][execute]") {

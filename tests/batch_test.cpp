@@ -372,6 +372,35 @@ TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
     execute(b, backend, std::span<const TensorBuffers>(two));
   }),
                     Catch::Contains("3 tensors but 2 buffers"));
+  // A target over another tensor's target or source is refused before anything moves; the
+  // tensors may share their source.
+  auto run_on = [&](auto buffers_of) {
+    world.run([&](SimulatedBackend& backend) {
+      std::vector<float> src(2, 1.0f), dst(8), other(8), third(8);
+      const std::vector<TensorBuffers> buffers = buffers_of(src, dst, other, third);
+      execute(b, backend, std::span<const TensorBuffers>(buffers));
+      CHECK(std::all_of(third.begin(), third.end(), [](float v) { return v == 1.0f; }));
+    });
+  };
+  using V = std::vector<float>;
+  CHECK_THROWS_WITH(run_on([](V& s, V& d, V& o, V&) {
+                      return std::vector<TensorBuffers>{{s.data(), 8, d.data(), 32},
+                                                        {s.data(), 8, o.data(), 32},
+                                                        {s.data(), 8, d.data(), 32}};
+                    }),
+                    Catch::Contains("the target buffer of tensor 0 overlaps the target buffer of "
+                                    "tensor 2 on rank"));
+  CHECK_THROWS_WITH(run_on([](V& s, V& d, V& o, V&) {
+                      return std::vector<TensorBuffers>{{s.data(), 8, d.data(), 32},
+                                                        {d.data() + 2, 8, o.data(), 32},
+                                                        {s.data(), 8, o.data(), 32}};
+                    }),
+                    Catch::Contains("the target buffer of tensor 0 overlaps the source buffer of "
+                                    "tensor 1 on rank"));
+  run_on([](V& s, V& d, V& o, V& t) {
+    return std::vector<TensorBuffers>{
+        {s.data(), 8, d.data(), 32}, {s.data(), 8, o.data(), 32}, {s.data(), 8, t.data(), 32}};
+  });
   // Members whose parts of a batched all-to-all do not match: an error on every rank.
   CHECK_THROWS_WITH(world.run([&](SimulatedBackend& backend) {
     std::vector<std::byte> send(32), recv(32);

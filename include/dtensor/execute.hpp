@@ -89,10 +89,21 @@ struct ExecuteStats {
 
 namespace detail {
 
-// Checks the backend and the buffers against the plan; this rank's coordinate.
+// How many bytes the ranges [a, a + a_bytes) and [b, b + b_bytes) have in common (0 when either
+// is empty), by address.
+inline std::size_t common_bytes(const void* a, std::size_t a_bytes, const void* b,
+                                std::size_t b_bytes) {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a), b0 = reinterpret_cast<std::uintptr_t>(b);
+  if (a_bytes == 0 || b_bytes == 0) return 0;
+  const std::uintptr_t lo = std::max(a0, b0), hi = std::min(a0 + a_bytes, b0 + b_bytes);
+  return hi > lo ? hi - lo : 0;
+}
+
+// Checks the backend and the buffers against the plan (sizes, and that the blocks' bytes at
+// `src` and `dst` do not overlap); this rank's coordinate.
 template <Backend B>
-MeshCoord check_run(const Plan& plan, const B& backend, std::size_t src_bytes,
-                    std::size_t dst_bytes) {
+MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::size_t src_bytes,
+                    const void* dst, std::size_t dst_bytes) {
   if (!(backend.mesh() == plan.src().mesh()))
     fail<why::backend_mesh_mismatch>(backend.mesh().shape(), plan.src().mesh().shape());
   const int rank = backend.rank();
@@ -102,6 +113,8 @@ MeshCoord check_run(const Plan& plan, const B& backend, std::size_t src_bytes,
   const std::size_t need_dst = bytes_of(plan.dst().local_box(me), elem);
   if (src_bytes < need_src) fail<why::buffer_too_small>("source", src_bytes, rank, need_src);
   if (dst_bytes < need_dst) fail<why::buffer_too_small>("target", dst_bytes, rank, need_dst);
+  if (const std::size_t common = common_bytes(src, need_src, dst, need_dst); common != 0)
+    fail<why::buffers_overlap>(rank, common);
   if constexpr (requires { backend.supports(DType::f32, ReduceOp::sum); }) {
     for (std::size_t i = 0; i < plan.size(); ++i) {
       const Step& s = plan[i];
@@ -126,8 +139,10 @@ decltype(auto) aborting_on_error(B& backend, F&& f) {
 }
 
 template <Backend B>
-MeshCoord checked_run(const Plan& plan, B& backend, std::size_t src_bytes, std::size_t dst_bytes) {
-  return aborting_on_error(backend, [&] { return check_run(plan, backend, src_bytes, dst_bytes); });
+MeshCoord checked_run(const Plan& plan, B& backend, const void* src, std::size_t src_bytes,
+                      const void* dst, std::size_t dst_bytes) {
+  return aborting_on_error(
+      backend, [&] { return check_run(plan, backend, src, src_bytes, dst, dst_bytes); });
 }
 
 template <class T, Backend B>
@@ -151,12 +166,13 @@ Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::s
 // its block of plan.dst() to `dst` (row-major, contiguous, in the backend's memory space: host
 // memory, or device memory for a device backend, whose work is then ordered on its stream).
 // `src_bytes` and `dst_bytes` are the buffers' sizes, checked against the blocks. The source is
-// never written; `src` and `dst` do not overlap. Every rank of the mesh must call this with the
-// same plan, in the same order as its other executions on this backend.
+// never written; `src` and `dst` must not overlap (refused: there is no in-place execution). Every
+// rank of the mesh must call this with the same plan, in the same order as its other executions on
+// this backend.
 template <Backend B>
 void execute(const Plan& plan, B& backend, const void* src, std::size_t src_bytes, void* dst,
              std::size_t dst_bytes, ExecuteStats* stats = nullptr) {
-  const MeshCoord me = detail::checked_run(plan, backend, src_bytes, dst_bytes);
+  const MeshCoord me = detail::checked_run(plan, backend, src, src_bytes, dst, dst_bytes);
   if constexpr (AsyncBackend<B>) {
     // Blocking operations only once every execution in flight has started all of its.
     if (!detail::all_started()) {
@@ -264,7 +280,7 @@ class [[nodiscard]] Execution {
 template <Backend B>
 Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::size_t src_bytes,
                            void* dst, std::size_t dst_bytes) {
-  const MeshCoord me = detail::checked_run(plan, backend, src_bytes, dst_bytes);
+  const MeshCoord me = detail::checked_run(plan, backend, src, src_bytes, dst, dst_bytes);
   Execution<B> e;
   if constexpr (AsyncBackend<B>) {
     auto running = std::make_unique<detail::Running<B>>(backend, plan);

@@ -633,6 +633,33 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch, const B& backend) {
                                        detail::reduce_messages_from(backend));
 }
 
+namespace detail {
+
+// Refuses a batch whose target buffers overlap another tensor's source or target buffer (the
+// blocks' bytes on this rank; sources may share memory, as they are only read).
+template <std::size_t N>
+void check_batch_buffers_apart(const BatchPlan<N>& batch, std::span<const TensorBuffers> buffers,
+                               int rank, const std::vector<MeshCoord>& me) {
+  std::vector<std::size_t> src_bytes, dst_bytes;
+  for (std::size_t t = 0; t < batch.size(); ++t) {
+    const auto elem = static_cast<std::size_t>(batch[t].src().elem_bytes());
+    src_bytes.push_back(bytes_of(batch[t].src().local_box(me[t]), elem));
+    dst_bytes.push_back(bytes_of(batch[t].dst().local_box(me[t]), elem));
+  }
+  for (std::size_t t = 0; t < batch.size(); ++t)
+    for (std::size_t u = 0; u < batch.size(); ++u) {
+      if (u == t) continue;
+      const TensorBuffers& a = buffers[t];
+      const TensorBuffers& b = buffers[u];
+      if (const std::size_t c = common_bytes(a.dst, dst_bytes[t], b.src, src_bytes[u]); c != 0)
+        fail<why::batch_buffers_overlap>(t, "source", u, rank, c);
+      if (const std::size_t c = common_bytes(a.dst, dst_bytes[t], b.dst, dst_bytes[u]); c != 0)
+        fail<why::batch_buffers_overlap>(t, "target", u, rank, c);
+    }
+}
+
+}  // namespace detail
+
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as
 // execute() takes them for batch[t]. Each round is one backend call on packed buffers, so the
 // batch pays one collective's latency per round instead of one per tensor and step. Blocking:
@@ -649,8 +676,9 @@ void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffer
     if constexpr (AsyncBackend<B>)
       if (!detail::all_started()) detail::fail<detail::why::batch_while_async>();
     for (std::size_t t = 0; t < batch.size(); ++t)
-      me.push_back(
-          detail::check_run(batch[t], backend, buffers[t].src_bytes, buffers[t].dst_bytes));
+      me.push_back(detail::check_run(batch[t], backend, buffers[t].src, buffers[t].src_bytes,
+                                     buffers[t].dst, buffers[t].dst_bytes));
+    detail::check_batch_buffers_apart(batch, buffers, backend.rank(), me);
   });
   const std::size_t n = batch.size();
   const std::size_t reduce_messages = detail::reduce_messages_from(backend);

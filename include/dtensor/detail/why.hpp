@@ -81,6 +81,12 @@ DTENSOR_WHY(no_valid_plan, "internal error: the planner found no valid plan");
 
 DTENSOR_WHY(backend_mesh_mismatch, "the backend's mesh {} is not the plan's mesh {}");
 DTENSOR_WHY(buffer_too_small, "the {} buffer holds {} bytes, but rank {} needs {}");
+DTENSOR_WHY(buffers_overlap,
+            "the source and target buffers overlap on rank {} ({} bytes in common): the source "
+            "is never written, so the target must be a buffer of its own");
+DTENSOR_WHY(batch_buffers_overlap,
+            "the target buffer of tensor {} overlaps the {} buffer of tensor {} on rank {} ({} "
+            "bytes in common): each target must be a buffer of its own");
 DTENSOR_WHY(backend_cannot_reduce,
             "the backend cannot reduce {} values with {}, which step {} of the plan needs");
 DTENSOR_WHY(span_dtype_mismatch, "a span of {} for a plan of {}");
