@@ -150,7 +150,58 @@ TEST_CASE("source and target buffers that overlap", "[bad][execute]") {
   REQUIRE(messages.size() == 4);
   CHECK(std::count(messages.begin(), messages.end(),
                    "the source and target buffers overlap on rank 2 (32 bytes in common): the "
-                   "source is never written, so the target must be a buffer of its own") == 1);
+                   "source is never written, so the target must be a buffer of its own (only a "
+                   "plan of all-reduces and scales runs in place, in one buffer)") == 1);
+}
+
+namespace {
+
+// Runs `plan` on every rank with its source and target in one buffer (`out`, holding the source
+// first).
+template <class T>
+void run_in_one_buffer(const Plan& plan, std::vector<std::vector<T>>& in,
+                       std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured) {
+  const DeviceMesh& m = plan.src().mesh();
+  SimulatedWorld world(m);
+  world.run([&](SimulatedBackend& backend) {
+    const auto i = static_cast<std::size_t>(m.index_of(backend.rank()));
+    out[i] = in[i];
+    execute(plan, backend, out[i].data(), out[i].size() * sizeof(T), out[i].data(),
+            out[i].size() * sizeof(T));
+  });
+  for (int r = 0; r < m.size(); ++r) measured.push_back(world.bytes(m.rank_at(r)));
+}
+
+}  // namespace
+
+TEST_CASE("a plan of all-reduces and scales runs in place, in one buffer", "[execute]") {
+  // Gradients all-reduced in place (P -> R, on either mesh dim, sum and average, f32 and
+  // bf16) and a Replicate made Partial in place (a scale) give every rank its block of the global
+  // view; a reduce-scatter in one buffer is refused.
+  struct Case {
+    const char* mesh;
+    const char* from;
+    const char* to;
+  };
+  for (const Case& c : {Case{"4", "P", "R"}, Case{"2x2", "R,P", "R,R"},
+                        Case{"2x2", "P(avg),R", "R,R"}, Case{"4", "R", "P"}})
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      const DeviceMesh m = parse_mesh(c.mesh);
+      const Layout a(m, parse_placements(c.from), {8, 6}, dtype);
+      const Layout b(m, parse_placements(c.to), {8, 6}, dtype);
+      const Plan plan = plan_redistribute(a, b);
+      const Verification v = detail::visit_dtype(
+          dtype, [&]<class T>() { return detail::verify_typed<T>(plan, &run_in_one_buffer<T>); });
+      INFO(fmt::format("{} {} -> {} {}: {}", c.mesh, c.from, c.to, dtype, v.difference));
+      CHECK(v.verified);
+    }
+  const DeviceMesh m({4});
+  const Plan scatter = plan_redistribute(layout(m, "P", {8, 4}), layout(m, "S(0)", {8, 4}));
+  CHECK_THROWS_WITH(SimulatedWorld(m).run([&](SimulatedBackend& backend) {
+    std::vector<float> both(32);
+    execute(scatter, backend, both.data(), 128, both.data(), 32);
+  }),
+                    Catch::Contains("overlap on rank"));
 }
 
 TEST_CASE("a span of another element type than the plan's", "[bad][execute]") {

@@ -99,8 +99,19 @@ inline std::size_t common_bytes(const void* a, std::size_t a_bytes, const void* 
   return hi > lo ? hi - lo : 0;
 }
 
+// Whether `plan` runs with its source and target in one buffer (src == dst): every step keeps
+// the block and changes only values where they lie (all-reduce, scale, identity), as an
+// all-reduce of gradients in place does.
+inline bool runs_in_place(const Plan& plan) {
+  return std::all_of(plan.begin(), plan.end(), [](const Step& s) {
+    return s.kind == StepKind::all_reduce || s.kind == StepKind::scale ||
+           s.kind == StepKind::identity;
+  });
+}
+
 // Checks the backend and the buffers against the plan (sizes, and that the blocks' bytes at
-// `src` and `dst` do not overlap); this rank's coordinate.
+// `src` and `dst` do not overlap, unless they are one buffer for a plan that runs_in_place);
+// this rank's coordinate.
 template <Backend B>
 MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::size_t src_bytes,
                     const void* dst, std::size_t dst_bytes) {
@@ -113,7 +124,8 @@ MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::si
   const std::size_t need_dst = bytes_of(plan.dst().local_box(me), elem);
   if (src_bytes < need_src) fail<why::buffer_too_small>("source", src_bytes, rank, need_src);
   if (dst_bytes < need_dst) fail<why::buffer_too_small>("target", dst_bytes, rank, need_dst);
-  if (const std::size_t common = common_bytes(src, need_src, dst, need_dst); common != 0)
+  if (const std::size_t common = common_bytes(src, need_src, dst, need_dst);
+      common != 0 && !(src == dst && runs_in_place(plan)))
     fail<why::buffers_overlap>(rank, common);
   if constexpr (requires { backend.supports(DType::f32, ReduceOp::sum); }) {
     for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -166,7 +178,8 @@ Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::s
 // its block of plan.dst() to `dst` (row-major, contiguous, in the backend's memory space: host
 // memory, or device memory for a device backend, whose work is then ordered on its stream).
 // `src_bytes` and `dst_bytes` are the buffers' sizes, checked against the blocks. The source is
-// never written; `src` and `dst` must not overlap (refused: there is no in-place execution). Every
+// never written; `src` and `dst` must not overlap (refused), except that a plan which only
+// changes values where they lie (all-reduces and scales: `P -> R`) runs in place, src == dst. Every
 // rank of the mesh must call this with the same plan, in the same order as its other executions on
 // this backend.
 template <Backend B>

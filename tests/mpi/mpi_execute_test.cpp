@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <tuple>
 
 namespace {
 
@@ -183,6 +184,32 @@ int main(int argc, char** argv) {
   if (world_rank == 0)
     fmt::print("single copy: {} of {} backends could reach their peers' memory\n", single_copies,
                2 * std::size(single));
+  // Gradients all-reduced in place (source and target one buffer), by MPI_IN_PLACE and by
+  // messages, f32 and bf16.
+  for (const std::size_t by_messages : {std::numeric_limits<std::size_t>::max(), std::size_t{0}})
+    for (const auto& [m, from, to] :
+         {std::tuple{"8", "P", "R"}, std::tuple{"2x4", "R,P(avg)", "R,R"},
+          std::tuple{"2x4", "P(max),R", "R,R"}}) {
+      const DeviceMesh mesh = parse_mesh(m);
+      if (mesh.size() != world_size) continue;
+      MpiBackend backend(mesh, MPI_COMM_WORLD, {.reduce_by_messages_from_bytes = by_messages});
+      for (DType dtype : {DType::f32, DType::bf16}) {
+        const Layout src(mesh, parse_placements(from), {24, 40}, dtype);
+        const Layout dst(mesh, parse_placements(to), {24, 40}, dtype);
+        const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
+          return testing::run_against_simulator<T>(src, dst, backend, nullptr, {}, true);
+        });
+        int bad = problem.empty() ? 0 : 1, any = 0;
+        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (any) {
+          ++failed;
+          if (!problem.empty())
+            fmt::print(stderr, "FAIL in place {} {} {} -> {}: {}\n", m, dtype, from, to, problem);
+        } else {
+          ++passed;
+        }
+      }
+    }
   // A bad argument is an exception, not an abort: a mesh that is not the world.
   bool refused = false;
   try {

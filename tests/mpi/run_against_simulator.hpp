@@ -19,19 +19,25 @@
 namespace dtensor::testing {
 
 // Runs one case; on rank 0 returns what differs ("" when nothing). `stats` (when given) gets
-// this rank's.
+// this rank's. With `one_buffer`, the source and target are one buffer (in place).
 template <class T>
 std::string run_against_simulator(const Layout& src, const Layout& dst, MpiBackend& backend,
-                                  ExecuteStats* stats = nullptr, const PlanOptions& options = {}) {
+                                  ExecuteStats* stats = nullptr, const PlanOptions& options = {},
+                                  bool one_buffer = false) {
   const Plan plan = plan_redistribute(src, dst, options);
   const int rank = backend.rank();
   const DeviceMesh& mesh = src.mesh();
   const std::vector<T> in = global_view_block<T>(src, rank);
   std::vector<T> out(static_cast<std::size_t>(dst.local_numel(rank)));
+  if (one_buffer) out = in;
   std::string problem;
   ExecuteStats held;
   try {
-    execute(plan, backend, std::span<const T>(in), std::span<T>(out), &held);
+    if (one_buffer)
+      execute(plan, backend, out.data(), out.size() * sizeof(T), out.data(), out.size() * sizeof(T),
+              &held);
+    else
+      execute(plan, backend, std::span<const T>(in), std::span<T>(out), &held);
   } catch (const std::exception& e) {
     problem = fmt::format("rank {} threw: {}", rank, e.what());
   }
