@@ -826,7 +826,8 @@ class MpiBackend {
     int failure = 0;
     for (std::size_t step = 0; step < g && runs.piece_bytes() != 0; ++step) {
       const std::size_t j = (me + step) % g;
-      const std::byte* in = static_cast<const std::byte*>(local_in) + j * run;
+      // (Pulling, there is no strided source: no offset from a null local_in.)
+      const std::byte* in = push ? static_cast<const std::byte*>(local_in) + j * run : nullptr;
       std::byte* out = static_cast<std::byte*>(local_out) + j * run;
       for (std::size_t row = 0; row < runs.rows; row += rows_per) {
         const std::size_t m = std::min(rows_per, runs.rows - row);
