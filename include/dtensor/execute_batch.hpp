@@ -173,40 +173,20 @@ void all_reduce_by_messages(B& backend, int k, std::byte* packed, std::size_t co
                             std::size_t elem, DType dtype, ReduceOp op,
                             PackingBuffers<B>& buffers) {
   const MeshGroup group = backend.mesh().group(backend.rank(), k);
-  const int g = group.size, me = group.index;
+  const int g = group.size;
   const auto n = static_cast<std::int64_t>(count);
-  auto at = [&](const Range& r) { return packed + static_cast<std::size_t>(r.start) * elem; };
-  auto bytes = [&](const Range& r) { return static_cast<std::size_t>(r.size) * elem; };
-  const Range own = chunk_range(n, g, me, ChunkPolicy::balanced);
+  const auto own =
+      static_cast<std::size_t>(chunk_range(n, g, group.index, ChunkPolicy::balanced).size);
   std::byte* staged = PackingBuffers<B>::at_least(backend, buffers.send,
-                                                  static_cast<std::size_t>(g - 1) * bytes(own));
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  std::vector<const void*> parts(static_cast<std::size_t>(g));
-  std::size_t next = 0;
-  for (int j = 0; j < g; ++j) {
-    if (j == me) {
-      parts[static_cast<std::size_t>(j)] = at(own);
-      continue;
-    }
-    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
-    std::byte* partial = staged + next++ * bytes(own);
-    parts[static_cast<std::size_t>(j)] = partial;
-    if (r.size != 0) sends.push_back({group.rank(j), at(r), bytes(r)});
-    if (own.size != 0) recvs.push_back({group.rank(j), partial, bytes(own)});
-  }
-  backend.exchange(sends, recvs);
-  if (own.size != 0)
-    local_ops_of(backend).reduce(dtype, at(own), parts, static_cast<std::size_t>(own.size), op);
-  sends.clear();
-  recvs.clear();
-  for (int j = 0; j < g; ++j) {
-    if (j == me) continue;
-    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
-    if (own.size != 0) sends.push_back({group.rank(j), at(own), bytes(own)});
-    if (r.size != 0) recvs.push_back({group.rank(j), at(r), bytes(r)});
-  }
-  backend.exchange(sends, recvs);
+                                                  static_cast<std::size_t>(g - 1) * own * elem);
+  const SliceRounds r = all_reduce_slice_rounds(packed, packed, n, g, group.index, elem, staged,
+                                                [&](int j) { return group.rank(j); });
+  const ContiguousMessages scatter = contiguous(r.scatter), gather = contiguous(r.gather);
+  backend.exchange(scatter.sends, scatter.recvs);
+  if (r.own.size != 0)
+    local_ops_of(backend).reduce(dtype, packed + static_cast<std::size_t>(r.own.start) * elem,
+                                 r.parts, static_cast<std::size_t>(r.own.size), op);
+  backend.exchange(gather.sends, gather.recvs);
 }
 
 // Runs the parked operations `ops` of one round as one backend call, packing in `buffers`; a

@@ -254,6 +254,23 @@ struct Messages {
   void recv(int peer, void* data, StridedPieces runs) { recvs.push_back({peer, data, runs}); }
 };
 
+// Messages as contiguous ones (each strided message's runs one after another: a link without
+// strided messages is given only messages of one run).
+struct ContiguousMessages {
+  std::vector<SendMessage> sends;
+  std::vector<RecvMessage> recvs;
+};
+inline ContiguousMessages contiguous(const Messages& m) {
+  ContiguousMessages out;
+  out.sends.reserve(m.sends.size());
+  out.recvs.reserve(m.recvs.size());
+  for (const StridedSendMessage& x : m.sends)
+    out.sends.push_back({x.peer, x.data, x.runs.piece_bytes()});
+  for (const StridedRecvMessage& x : m.recvs)
+    out.recvs.push_back({x.peer, x.data, x.runs.piece_bytes()});
+  return out;
+}
+
 // Runs the round: as strided messages where one is (the ways below choose them only on a link
 // that moves them, abilities_of), as contiguous ones otherwise.
 template <class L>
@@ -266,15 +283,8 @@ Task<void> send_and_receive(L link, const Messages& m) {
       co_return;
     }
   }
-  std::vector<SendMessage> sends;
-  std::vector<RecvMessage> recvs;
-  sends.reserve(m.sends.size());
-  recvs.reserve(m.recvs.size());
-  for (const StridedSendMessage& x : m.sends)
-    sends.push_back({x.peer, x.data, x.runs.piece_bytes()});
-  for (const StridedRecvMessage& x : m.recvs)
-    recvs.push_back({x.peer, x.data, x.runs.piece_bytes()});
-  co_await link.exchange(sends, recvs);
+  const ContiguousMessages flat = contiguous(m);
+  co_await link.exchange(flat.sends, flat.recvs);
 }
 
 // How an all-gather moves its pieces on this rank, and the staging that takes (bytes).
@@ -733,51 +743,60 @@ inline Staging all_reduce_slices_way(const StepContext& c) {
   return w;
 }
 
-// An all-reduce as a reduce-scatter and an all-gather of the block's g balanced slices, each one
-// point-to-point round: member j reduces slice j from the g partials in group order, then sends
-// it to every other member, so every member holds bit-identical values. It moves what the cost
-// model counts for an all-reduce, and runs in place.
-template <class L, class Ops>
-Task<std::size_t> run_all_reduce_by_messages(L link, const Ops& ops, const StepContext& c,
-                                             const std::byte* cur, std::byte* out) {
-  const int k = c.step.mesh_dim, g = c.plan.src().mesh().size(k), me = c.me[k];
-  const std::int64_t n = c.have.numel();
-  const Staging w = all_reduce_slices_way(c);
-  const StagingBuffers b(ops, w, c.spare);
-  const Range own = chunk_range(n, g, me, ChunkPolicy::balanced);
-  const auto own_at = static_cast<std::size_t>(own.start) * c.elem;
-  const auto own_bytes = static_cast<std::size_t>(own.size) * c.elem;
-  Messages partials;
-  std::vector<const void*> parts(static_cast<std::size_t>(g));
+// An all-reduce of a block of `n` elements of `elem` bytes as a reduce-scatter and an
+// all-gather of its g balanced slices, each one point-to-point round, on member `me` of the
+// group (`rank_of(j)`: member j's global rank). The first round (`scatter`) sends member j its
+// slice j of the block at `in` and receives the other members' partials of slice `me` into
+// `partials` (g - 1 slots of that slice, in group order); `parts` are then the g partials of
+// slice `me` in group order (this member's where it lies in `in`), which the caller reduces into
+// `out` at slice `me`; the second round (`gather`) sends that slice to every other member and
+// receives theirs where they go in `out`. Every member reduces its slice once, in group order,
+// so all hold bit-identical values; `in` may be `out` (in place).
+struct SliceRounds {
+  Range own;  // this member's slice
+  std::vector<const void*> parts;
+  Messages scatter, gather;
+};
+template <class RankOf>
+SliceRounds all_reduce_slice_rounds(const std::byte* in, std::byte* out, std::int64_t n, int g,
+                                    int me, std::size_t elem, std::byte* partials, RankOf rank_of) {
+  SliceRounds r;
+  r.own = chunk_range(n, g, me, ChunkPolicy::balanced);
+  const auto at = [&](const Range& x) { return static_cast<std::size_t>(x.start) * elem; };
+  const auto bytes = [&](const Range& x) { return static_cast<std::size_t>(x.size) * elem; };
+  r.parts.resize(static_cast<std::size_t>(g));
   std::size_t next = 0;
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
     if (j == me) {
-      parts[u] = cur + own_at;
+      r.parts[u] = in + at(r.own);
       continue;
     }
-    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
-    if (r.size != 0)
-      partials.send(global_rank(c, j), cur + static_cast<std::size_t>(r.start) * c.elem,
-                    static_cast<std::size_t>(r.size) * c.elem);
-    parts[u] = b.recv + next++ * own_bytes;
-    if (own_bytes != 0)
-      partials.recv(global_rank(c, j), b.recv + (next - 1) * own_bytes, own_bytes);
+    const Range slice = chunk_range(n, g, j, ChunkPolicy::balanced);
+    std::byte* partial = partials + next++ * bytes(r.own);
+    r.parts[u] = partial;
+    if (slice.size != 0) r.scatter.send(rank_of(j), in + at(slice), bytes(slice));
+    if (r.own.size != 0) r.scatter.recv(rank_of(j), partial, bytes(r.own));
+    if (r.own.size != 0) r.gather.send(rank_of(j), out + at(r.own), bytes(r.own));
+    if (slice.size != 0) r.gather.recv(rank_of(j), out + at(slice), bytes(slice));
   }
-  co_await send_and_receive(link, partials);
-  if (own_bytes != 0)
-    ops.reduce(c.plan.src().dtype(), out + own_at, parts, static_cast<std::size_t>(own.size),
-               c.step.before[k].reduce_op());
-  Messages slices;
-  for (int j = 0; j < g; ++j) {
-    if (j == me) continue;
-    const Range r = chunk_range(n, g, j, ChunkPolicy::balanced);
-    if (own_bytes != 0) slices.send(global_rank(c, j), out + own_at, own_bytes);
-    if (r.size != 0)
-      slices.recv(global_rank(c, j), out + static_cast<std::size_t>(r.start) * c.elem,
-                  static_cast<std::size_t>(r.size) * c.elem);
-  }
-  co_await send_and_receive(link, slices);
+  return r;
+}
+
+// An all-reduce by all_reduce_slice_rounds: it moves what the cost model counts for an
+// all-reduce, and runs in place.
+template <class L, class Ops>
+Task<std::size_t> run_all_reduce_by_messages(L link, const Ops& ops, const StepContext& c,
+                                             const std::byte* cur, std::byte* out) {
+  const int k = c.step.mesh_dim, g = c.plan.src().mesh().size(k);
+  const StagingBuffers b(ops, all_reduce_slices_way(c), c.spare);
+  const SliceRounds r = all_reduce_slice_rounds(cur, out, c.have.numel(), g, c.me[k], c.elem,
+                                                b.recv, [&](int j) { return global_rank(c, j); });
+  co_await send_and_receive(link, r.scatter);
+  if (r.own.size != 0)
+    ops.reduce(c.plan.src().dtype(), out + static_cast<std::size_t>(r.own.start) * c.elem, r.parts,
+               static_cast<std::size_t>(r.own.size), c.step.before[k].reduce_op());
+  co_await send_and_receive(link, r.gather);
   co_return b.allocated();
 }
 
