@@ -190,6 +190,7 @@ TEST_CASE("a plan of all-reduces and scales runs in place, in one buffer", "[exe
       const Layout a(m, parse_placements(c.from), {8, 6}, dtype);
       const Layout b(m, parse_placements(c.to), {8, 6}, dtype);
       const Plan plan = plan_redistribute(a, b);
+      CHECK(runs_in_place(plan));
       const Verification v = detail::visit_dtype(
           dtype, [&]<class T>() { return detail::verify_typed<T>(plan, &run_in_one_buffer<T>); });
       INFO(fmt::format("{} {} -> {} {}: {}", c.mesh, c.from, c.to, dtype, v.difference));
@@ -197,6 +198,9 @@ TEST_CASE("a plan of all-reduces and scales runs in place, in one buffer", "[exe
     }
   const DeviceMesh m({4});
   const Plan scatter = plan_redistribute(layout(m, "P", {8, 4}), layout(m, "S(0)", {8, 4}));
+  static_assert(!runs_in_place(plan_redistribute(Layout(DeviceMesh({4}), {Partial()}, {8, 4}),
+                                                 Layout(DeviceMesh({4}), {Shard(0)}, {8, 4}))));
+  CHECK_FALSE(runs_in_place(scatter));
   CHECK_THROWS_WITH(SimulatedWorld(m).run([&](SimulatedBackend& backend) {
     std::vector<float> both(32);
     execute(scatter, backend, both.data(), 128, both.data(), 32);

@@ -87,6 +87,16 @@ struct ExecuteStats {
   std::int64_t scratch_peak_bytes = 0;
 };
 
+// Whether execute() runs `plan` with its source and target in one buffer (src == dst): every
+// step keeps the block and changes only values where they lie (all-reduces, scales), as an
+// all-reduce of gradients in place does. Other plans need two buffers that do not overlap.
+constexpr bool runs_in_place(const Plan& plan) {
+  for (const Step& s : plan)
+    if (s.kind != StepKind::all_reduce && s.kind != StepKind::scale && s.kind != StepKind::identity)
+      return false;
+  return true;
+}
+
 namespace detail {
 
 // How many bytes the ranges [a, a + a_bytes) and [b, b + b_bytes) have in common (0 when either
@@ -97,16 +107,6 @@ inline std::size_t common_bytes(const void* a, std::size_t a_bytes, const void* 
   if (a_bytes == 0 || b_bytes == 0) return 0;
   const std::uintptr_t lo = std::max(a0, b0), hi = std::min(a0 + a_bytes, b0 + b_bytes);
   return hi > lo ? hi - lo : 0;
-}
-
-// Whether `plan` runs with its source and target in one buffer (src == dst): every step keeps
-// the block and changes only values where they lie (all-reduce, scale, identity), as an
-// all-reduce of gradients in place does.
-inline bool runs_in_place(const Plan& plan) {
-  return std::all_of(plan.begin(), plan.end(), [](const Step& s) {
-    return s.kind == StepKind::all_reduce || s.kind == StepKind::scale ||
-           s.kind == StepKind::identity;
-  });
 }
 
 // Checks the backend and the buffers against the plan (sizes, and that the blocks' bytes at
@@ -125,7 +125,7 @@ MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::si
   if (src_bytes < need_src) fail<why::buffer_too_small>("source", src_bytes, rank, need_src);
   if (dst_bytes < need_dst) fail<why::buffer_too_small>("target", dst_bytes, rank, need_dst);
   if (const std::size_t common = common_bytes(src, need_src, dst, need_dst);
-      common != 0 && !(src == dst && runs_in_place(plan)))
+      common != 0 && !(src == dst && dtensor::runs_in_place(plan)))
     fail<why::buffers_overlap>(rank, common);
   if constexpr (requires { backend.supports(DType::f32, ReduceOp::sum); }) {
     for (std::size_t i = 0; i < plan.size(); ++i) {
