@@ -183,8 +183,9 @@ TEST_CASE("a plan of all-reduces and scales runs in place, in one buffer", "[exe
     const char* from;
     const char* to;
   };
-  for (const Case& c : {Case{"4", "P", "R"}, Case{"2x2", "R,P", "R,R"},
-                        Case{"2x2", "P(avg),R", "R,R"}, Case{"4", "R", "P"}})
+  for (const Case& c :
+       {Case{"4", "P", "R"}, Case{"2x2", "R,P", "R,R"}, Case{"2x2", "P(avg),R", "R,R"},
+        Case{"4", "R", "P"}, Case{"2x2", "R,R", "P,P"}})
     for (const DType dtype : {DType::f32, DType::bf16}) {
       const DeviceMesh m = parse_mesh(c.mesh);
       const Layout a(m, parse_placements(c.from), {8, 6}, dtype);

@@ -122,6 +122,7 @@ std::vector<std::size_t> packed_offsets(const StepContext& c, F&& piece) {
 template <class Ops>
 void copy_piece(const Ops& ops, const std::byte* from, const Box& from_box, std::byte* to,
                 const Box& to_box, const Box& piece, std::size_t elem) {
+  if (from == to && from_box == to_box) return;  // in place (runs_in_place): already there
   ops.copy_box(from, from_box.shape, relative(piece, from_box), to, to_box.shape,
                relative(piece, to_box), piece.shape, elem);
 }
