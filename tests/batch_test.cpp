@@ -45,8 +45,9 @@ struct BatchRun {
   std::vector<std::string> wrong;
   std::int64_t planned = 0;  // workspace_bytes(batch, backend) of the backend it ran on
 };
-// `reducing_never`: a backend of the type that reduces by messages whose instance never does.
-enum class Via { simulated, packing, reducing_by_messages, reducing_never };
+// `reducing_never`: a backend of the type that reduces by messages whose instance never does;
+// `one_buffer`: the simulated backend, each tensor's source and target in one buffer.
+enum class Via { simulated, packing, reducing_by_messages, reducing_never, one_buffer };
 template <std::size_t N>
 BatchRun run_batch(const BatchPlan<N>& b, Via via) {
   auto bytes_of_block = [](const Layout& l, int rank) {
@@ -65,9 +66,12 @@ BatchRun run_batch(const BatchPlan<N>& b, Via via) {
     std::vector<TensorBuffers> buffers;
     for (const Plan& p : b) {
       in.push_back(bytes_of_block(p.src(), rank));
-      result.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
-      buffers.push_back(
-          {in.back().data(), in.back().size(), result.back().data(), result.back().size()});
+      if (via == Via::one_buffer)
+        result.push_back(in.back());
+      else
+        result.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+      const void* src = via == Via::one_buffer ? result.back().data() : in.back().data();
+      buffers.push_back({src, in.back().size(), result.back().data(), result.back().size()});
     }
     ExecuteStats stats;
     PackingBackend forward(simulated);
@@ -453,6 +457,23 @@ TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[bat
     CHECK(MessageScatterBackend::calls > 0);
     CHECK(never.most <= never.planned);
     CHECK(never.planned == workspace_bytes(b));
+  }
+}
+
+TEST_CASE("a batch of all-reduces runs in place, each tensor in one buffer", "[batch]") {
+  // Gradients all-reduced together where they lie (f32 and bf16, even and uneven, on 4 and 2x2).
+  for (const char* mesh : {"4", "2x2"}) {
+    const DeviceMesh m = parse_mesh(mesh);
+    const char* from = m.ndim() == 1 ? "P" : "R,P";
+    const char* to = m.ndim() == 1 ? "R" : "R,R";
+    std::vector<Redistribution> tensors;
+    for (int t = 0; t < 5; ++t)
+      tensors.push_back(pair(m, from, to, {8 + 3 * t, 4}, t % 2 ? DType::bf16 : DType::f32));
+    const BatchPlan<8> b = plan_batch<8>(tensors);
+    for (const Plan& p : b) REQUIRE(runs_in_place(p));
+    INFO(mesh);
+    const BatchRun run = run_batch(b, Via::one_buffer);
+    CHECK(run.wrong == std::vector<std::string>{});
   }
 }
 
