@@ -308,9 +308,10 @@ void print_json(const Plan& plan, std::string_view kind) {
   out += fmt::format(
       "],\"bytes_recv_max\":{},\"bytes_send_max\":{},\"lower_bound_bytes_recv_max\":{},"
       "\"est_us\":{:.4f},\"workspace_bytes\":{},\"workspace_bytes_strided\":{},"
-      "\"scratch_within_ends\":{},\"blocks_within_ends\":{},\"ranks\":[",
+      "\"scratch_within_ends\":{},\"blocks_within_ends\":{},\"runs_in_place\":{},\"ranks\":[",
       plan.bytes_recv_max(), plan.bytes_send_max(), plan.lower_bound_bytes_recv_max(),
-      plan.est_us(), workspace_bytes(plan), m.strided, m.within_ends, m.blocks_within_ends);
+      plan.est_us(), workspace_bytes(plan), m.strided, m.within_ends, m.blocks_within_ends,
+      runs_in_place(plan));
   for (int i = 0; i < mesh.size(); ++i) {
     const int rank = mesh.rank_at(i);
 
@@ -475,9 +476,10 @@ int run(Options o) {
   const MemoryReport m = memory_report(plan);
   fmt::print(
       "memory: scratch at most {} per rank (any backend), {} on MPI and the simulator ({} the "
-      "larger of each rank's source and target blocks there); blocks between steps {}\n\n",
+      "larger of each rank's source and target blocks there); blocks between steps {}{}\n\n",
       human_bytes(workspace_bytes(plan)), human_bytes(m.strided), m.within_ends ? "within" : "over",
-      m.blocks_within_ends ? "within both ends" : "larger than both ends on some rank");
+      m.blocks_within_ends ? "within both ends" : "larger than both ends on some rank",
+      runs_in_place(plan) ? "; runs in place (one buffer for source and target)" : "");
   print_layout("from", plan.src());
   print_layout("to", plan.dst());
   return o.execute ? execute_and_report(plan, o, true) : 0;
