@@ -125,24 +125,31 @@ TEST_CASE("buffers too small for the local blocks", "[bad][execute]") {
 }
 
 TEST_CASE("source and target buffers that overlap", "[bad][execute]") {
-  // An all-gather called MPI_IN_PLACE-style (each rank's source at its place in the target) is
-  // refused before anything moves, on every rank, and no buffer is written; the same blocks
-  // side by side in one allocation run.
+  // A source that overlaps the target anywhere but at this rank's slab of an all-gather's target
+  // (one element in) is refused before anything moves, on every rank, and no buffer is written;
+  // at the slab (MPI_IN_PLACE's layout) the all-gather runs in place; the blocks side by side in
+  // one allocation run.
   const DeviceMesh m({4});
-  const Plan plan = plan_redistribute(layout(m, "S(0)", {8, 4}), layout(m, "R", {8, 4}));
+  const Layout from = layout(m, "S(0)", {8, 4}), to = layout(m, "R", {8, 4});
+  const Plan plan = plan_redistribute(from, to);
   SimulatedWorld world(m);
   std::mutex mutex;
   std::vector<std::string> messages;
   world.run([&](SimulatedBackend& b) {
-    std::vector<float> target(32, -1.0f);
-    const float* src = target.data() + 8 * b.rank();
+    const int r = b.rank();
+    std::vector<float> target(33, -1.0f);
     try {
-      execute(plan, b, src, 32, target.data(), 128);
+      execute(plan, b, target.data() + 8 * r + 1, 32, target.data(), 128);
     } catch (const error& e) {
       const std::lock_guard lock(mutex);
       messages.emplace_back(e.what());
     }
     CHECK(std::all_of(target.begin(), target.end(), [](float v) { return v == -1.0f; }));
+    const std::vector<float> mine = global_view_block<float>(from, r);
+    std::copy(mine.begin(), mine.end(), target.begin() + 8 * r);
+    execute(plan, b, target.data() + 8 * r, 32, target.data(), 128);
+    const std::vector<float> whole = global_view_block<float>(to, r);
+    CHECK(std::equal(whole.begin(), whole.end(), target.begin()));
     std::vector<float> both(40, 1.0f);  // the target, then the source right after it
     execute(plan, b, both.data() + 32, 32, both.data(), 128);
     CHECK(std::all_of(both.begin(), both.end(), [](float v) { return v == 1.0f; }));
@@ -150,8 +157,16 @@ TEST_CASE("source and target buffers that overlap", "[bad][execute]") {
   REQUIRE(messages.size() == 4);
   CHECK(std::count(messages.begin(), messages.end(),
                    "the source and target buffers overlap on rank 2 (32 bytes in common): the "
-                   "source is never written, so the target must be a buffer of its own (only a "
-                   "plan of all-reduces and scales runs in place, in one buffer)") == 1);
+                   "source is never written, so the target must be a buffer of its own (in "
+                   "place, only a plan of all-reduces and scales runs in one buffer, and an "
+                   "all-gather of slabs from this rank's slab of its target)") == 1);
+  // A column all-gather's pieces are not slabs of the target: refused even at the slot.
+  const Plan columns = plan_redistribute(layout(m, "S(1)", {4, 8}), layout(m, "R", {4, 8}));
+  CHECK_THROWS_WITH(world.run([&](SimulatedBackend& b) {
+    std::vector<float> target(32);
+    execute(columns, b, target.data() + 8 * b.rank(), 32, target.data(), 128);
+  }),
+                    Catch::Contains("overlap on rank"));
 }
 
 namespace {

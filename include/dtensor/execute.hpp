@@ -109,9 +109,23 @@ inline std::size_t common_bytes(const void* a, std::size_t a_bytes, const void* 
   return hi > lo ? hi - lo : 0;
 }
 
+// Where the source of an all-gather in place lies, for the rank at `me` whose target is at
+// `dst`: its own slab of the target (member j's at j times the piece), as MPI_IN_PLACE and NCCL
+// lay it out, where `plan` is one even all-gather whose pieces stack as slabs of the target;
+// null otherwise.
+inline const void* gather_slot(const Plan& plan, const MeshCoord& me, const void* dst) {
+  if (plan.size() != 1 || plan[0].kind != StepKind::all_gather) return nullptr;
+  const StepContext c = step_context(plan, 0, me, false);
+  const GatherWay w = gather_way(c, LinkAbilities{});
+  if (!c.even || c.step.padded || !w.direct || !w.whole) return nullptr;
+  return static_cast<const std::byte*>(dst) +
+         static_cast<std::size_t>(me[c.step.mesh_dim]) * w.piece_bytes;
+}
+
 // Checks the backend and the buffers against the plan (sizes, and that the blocks' bytes at
-// `src` and `dst` do not overlap, unless they are one buffer for a plan that runs_in_place);
-// this rank's coordinate.
+// `src` and `dst` do not overlap, unless they are one buffer for a plan that runs_in_place or
+// the source is this rank's slab of an all-gather's target, gather_slot); this rank's
+// coordinate.
 template <Backend B>
 MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::size_t src_bytes,
                     const void* dst, std::size_t dst_bytes) {
@@ -125,7 +139,8 @@ MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::si
   if (src_bytes < need_src) fail<why::buffer_too_small>("source", src_bytes, rank, need_src);
   if (dst_bytes < need_dst) fail<why::buffer_too_small>("target", dst_bytes, rank, need_dst);
   if (const std::size_t common = common_bytes(src, need_src, dst, need_dst);
-      common != 0 && !(src == dst && dtensor::runs_in_place(plan)))
+      common != 0 && !(src == dst && dtensor::runs_in_place(plan)) &&
+      src != gather_slot(plan, me, dst))
     fail<why::buffers_overlap>(rank, common);
   if constexpr (requires { backend.supports(DType::f32, ReduceOp::sum); }) {
     for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -179,7 +194,9 @@ Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::s
 // memory, or device memory for a device backend, whose work is then ordered on its stream).
 // `src_bytes` and `dst_bytes` are the buffers' sizes, checked against the blocks. The source is
 // never written; `src` and `dst` must not overlap (refused), except that a plan which only
-// changes values where they lie (all-reduces and scales: `P -> R`) runs in place, src == dst. Every
+// changes values where they lie (all-reduces and scales: `P -> R`) runs in place, src == dst,
+// and an all-gather whose pieces are slabs of the target (`S(0) -> R`) runs in place with its
+// source at this rank's slab, as MPI_IN_PLACE and NCCL lay an in-place all-gather out. Every
 // rank of the mesh must call this with the same plan, in the same order as its other executions on
 // this backend.
 template <Backend B>

@@ -83,8 +83,9 @@ DTENSOR_WHY(backend_mesh_mismatch, "the backend's mesh {} is not the plan's mesh
 DTENSOR_WHY(buffer_too_small, "the {} buffer holds {} bytes, but rank {} needs {}");
 DTENSOR_WHY(buffers_overlap,
             "the source and target buffers overlap on rank {} ({} bytes in common): the source "
-            "is never written, so the target must be a buffer of its own (only a plan of "
-            "all-reduces and scales runs in place, in one buffer)");
+            "is never written, so the target must be a buffer of its own (in place, only a plan "
+            "of all-reduces and scales runs in one buffer, and an all-gather of slabs from this "
+            "rank's slab of its target)");
 DTENSOR_WHY(batch_buffers_overlap,
             "the target buffer of tensor {} overlaps the {} buffer of tensor {} on rank {} ({} "
             "bytes in common): each target must be a buffer of its own");
