@@ -477,6 +477,44 @@ TEST_CASE("a batch of all-reduces runs in place, each tensor in one buffer", "[b
   }
 }
 
+TEST_CASE("a batch of all-gathers runs in place, each source at its rank's slab", "[batch]") {
+  // FSDP's layer: every parameter's shard inside its gathered buffer (MPI_IN_PLACE's layout),
+  // gathered in one round.
+  const DeviceMesh m({4});
+  std::vector<Redistribution> tensors;
+  for (int t = 0; t < 4; ++t)
+    tensors.push_back(pair(m, "S(0)", "R", {8 * (1 + t), 3}, t % 2 ? DType::bf16 : DType::f32));
+  const BatchPlan<8> b = plan_batch<8>(tensors);
+  CHECK(b.collectives() == 1);
+  std::mutex lock;
+  std::vector<std::string> wrong;
+  SimulatedWorld(m).run([&](SimulatedBackend& backend) {
+    const int rank = backend.rank();
+    std::vector<std::vector<std::byte>> whole;
+    std::vector<TensorBuffers> buffers;
+    for (const Plan& p : b) {
+      const auto piece = static_cast<std::size_t>(p.src().local_bytes(rank));
+      whole.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+      std::byte* slot = whole.back().data() + static_cast<std::size_t>(rank) * piece;
+      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+        const std::vector<T> mine = global_view_block<T>(p.src(), rank);
+        std::memcpy(slot, mine.data(), piece);
+      });
+      buffers.push_back({slot, piece, whole.back().data(), whole.back().size()});
+    }
+    execute(b, backend, std::span<const TensorBuffers>(buffers));
+    for (std::size_t t = 0; t < b.size(); ++t)
+      detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
+        const std::vector<T> want = global_view_block<T>(b[t].dst(), rank);
+        if (std::memcmp(want.data(), whole[t].data(), whole[t].size()) != 0) {
+          const std::scoped_lock guard(lock);
+          wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
+        }
+      });
+  });
+  CHECK(wrong == std::vector<std::string>{});
+}
+
 TEST_CASE("a batch's one-tensor reduction round reduces by messages too", "[batch]") {
   // A gradient alone in its rounds (beside a gather of another kind): it runs as it would
   // alone through execute(), by messages, not as the backend's collective.
