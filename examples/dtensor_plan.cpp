@@ -261,6 +261,7 @@ struct MemoryReport {
   std::int64_t strided = 0;  // workspace_bytes<SimulatedBackend>: the busiest rank's
   bool within_ends = true;   // every rank's at most the larger of its source and target blocks
   bool blocks_within_ends = true;
+  std::vector<std::int64_t> per_rank;  // every global rank's workspace_bytes<SimulatedBackend>
 };
 
 MemoryReport memory_report(const Plan& plan) {
@@ -268,6 +269,7 @@ MemoryReport memory_report(const Plan& plan) {
   m.blocks_within_ends = blocks_within_ends(plan);
   for (int rank = 0; rank < plan.src().mesh().size(); ++rank) {
     const std::int64_t held = workspace_bytes<SimulatedBackend>(plan, rank);
+    m.per_rank.push_back(held);
     m.strided = std::max(m.strided, held);
     m.within_ends = m.within_ends &&
                     held <= std::max(plan.src().local_bytes(rank), plan.dst().local_bytes(rank));
@@ -322,7 +324,7 @@ void print_json(const Plan& plan, std::string_view kind) {
         i ? "," : "", rank, json_list(mesh.coordinate(rank)), json_list(src.global_offset(rank)),
         json_list(src.local_shape(rank)), json_list(dst.global_offset(rank)),
         json_list(dst.local_shape(rank)), bytes.recv, bytes.send,
-        workspace_bytes<SimulatedBackend>(plan, rank));
+        m.per_rank[static_cast<std::size_t>(rank)]);
   }
   out += "]}\n";
   fmt::print("{}", out);
