@@ -91,10 +91,10 @@ struct ExecuteStats {
 // step keeps the block and changes only values where they lie (all-reduces, scales), as an
 // all-reduce of gradients in place does. Other plans need two buffers that do not overlap.
 constexpr bool runs_in_place(const Plan& plan) {
-  for (const Step& s : plan)
-    if (s.kind != StepKind::all_reduce && s.kind != StepKind::scale && s.kind != StepKind::identity)
-      return false;
-  return true;
+  return std::all_of(plan.begin(), plan.end(), [](const Step& s) {
+    return s.kind == StepKind::all_reduce || s.kind == StepKind::scale ||
+           s.kind == StepKind::identity;
+  });
 }
 
 namespace detail {
