@@ -500,8 +500,8 @@ int first_tensor_of_round(const BatchPlan<N>& batch, std::size_t r) {
 
 // Whether round r, a reduce-scatter or an all-reduce, runs as point-to-point rounds on its
 // packed block (one tensor's too) on a backend that asks for it from `from` packed bytes
-// (reduce_messages_of): decided on the first rank's packed block, so that every rank of the
-// mesh decides alike.
+// (reduce_messages_from: the backend's own threshold, or its type's): decided on the first
+// rank's packed block, so that every rank of the mesh decides alike.
 template <std::size_t N>
 bool reduces_round_by_messages(const BatchPlan<N>& batch, std::size_t r, std::size_t from) {
   const BatchRound& round = batch.rounds()[r];
