@@ -4,6 +4,7 @@
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 
+#include "agreement.hpp"
 #include "run_against_simulator.hpp"
 
 #include <fmt/core.h>
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
                         {"2x2x2", "P(min),R,S(0)", "S(0),R,S(1)", Objective::bytes}};
   const Shape shapes[] = {{16, 8}, {5, 7}};
   const DType dtypes[] = {DType::f32, DType::i64, DType::bf16};
-  int passed = 0, failed = 0;
+  testing::Agreement verdicts(world_rank);
   for (const Case& c : cases) {
     const DeviceMesh mesh = parse_mesh(c.mesh);
     if (mesh.size() != world_size) continue;
@@ -79,16 +80,8 @@ int main(int argc, char** argv) {
           return testing::run_against_simulator<T>(src, dst, backend, nullptr,
                                                    {.objective = c.objective});
         });
-        int bad = problem.empty() ? 0 : 1, any = 0;
-        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) {
-          ++failed;
-          if (!problem.empty())
-            fmt::print(stderr, "FAIL {} {} {} {} -> {}: {}\n", c.mesh, shape, dtype, c.from, c.to,
-                       problem);
-        } else {
-          ++passed;
-        }
+        verdicts.agree(fmt::format("{} {} {} {} -> {}", c.mesh, shape, dtype, c.from, c.to),
+                       problem.empty(), problem);
       }
   }
   // All-to-all pieces that are not slabs of the block go from it as they lie, and those that
@@ -125,16 +118,8 @@ int main(int argc, char** argv) {
       if (problem.empty() && one_step && stats.scratch_peak_bytes != 0)
         problem = fmt::format("rank {} held {} scratch bytes, none expected", world_rank,
                               stats.scratch_peak_bytes);
-      int bad = problem.empty() ? 0 : 1, any = 0;
-      MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-      if (any) {
-        ++failed;
-        if (!problem.empty())
-          fmt::print(stderr, "FAIL strided {} {} {} {} -> {}: {}\n", c.mesh, c.shape, dtype, c.from,
-                     c.to, problem);
-      } else {
-        ++passed;
-      }
+      verdicts.agree(fmt::format("strided {} {} {} {} -> {}", c.mesh, c.shape, dtype, c.from, c.to),
+                     problem.empty(), problem);
     }
   }
   // The same strided all-to-alls by single copy between the ranks' buffers
@@ -168,17 +153,10 @@ int main(int argc, char** argv) {
         const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
           return testing::run_against_simulator<T>(src, dst, backend, nullptr);
         });
-        int bad = problem.empty() ? 0 : 1, any = 0;
-        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) {
-          ++failed;
-          if (!problem.empty())
-            fmt::print(stderr, "FAIL single copy{} {} {} {} {} -> {}: {}\n",
-                       direct_from == 0 ? " (rows straight)" : "", c.mesh, c.shape, dtype, c.from,
-                       c.to, problem);
-        } else {
-          ++passed;
-        }
+        verdicts.agree(fmt::format("single copy{} {} {} {} {} -> {}",
+                                   direct_from == 0 ? " (rows straight)" : "", c.mesh, c.shape,
+                                   dtype, c.from, c.to),
+                       problem.empty(), problem);
       }
     }
   if (world_rank == 0)
@@ -199,15 +177,8 @@ int main(int argc, char** argv) {
         const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
           return testing::run_against_simulator<T>(src, dst, backend, nullptr, {}, true);
         });
-        int bad = problem.empty() ? 0 : 1, any = 0;
-        MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) {
-          ++failed;
-          if (!problem.empty())
-            fmt::print(stderr, "FAIL in place {} {} {} -> {}: {}\n", m, dtype, from, to, problem);
-        } else {
-          ++passed;
-        }
+        verdicts.agree(fmt::format("in place {} {} {} -> {}", m, dtype, from, to), problem.empty(),
+                       problem);
       }
     }
   // An all-gather in place (each rank's source at its slab of the target, MPI_IN_PLACE's
@@ -240,16 +211,8 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         problem = e.what();
       }
-      int bad = problem.empty() ? 0 : 1, any = 0;
-      MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-      if (any) {
-        ++failed;
-        if (!problem.empty())
-          fmt::print(stderr, "FAIL all-gather in place {} {} (async {}): {}\n", m, from, async,
-                     problem);
-      } else {
-        ++passed;
-      }
+      verdicts.agree(fmt::format("all-gather in place {} {} (async {})", m, from, async),
+                     problem.empty(), problem);
     }
   }
   // A bad argument is an exception, not an abort: a mesh that is not the world.
@@ -259,8 +222,9 @@ int main(int argc, char** argv) {
   } catch (const error&) {
     refused = true;
   }
-  refused ? ++passed : ++failed;
-  if (world_rank == 0) fmt::print("mpi_execute: {} passed, {} failed\n", passed, failed);
+  verdicts.agree("a mesh that is not the world refused", refused);
+  if (world_rank == 0)
+    fmt::print("mpi_execute: {} passed, {} failed\n", verdicts.passed(), verdicts.failed());
   MPI_Finalize();
-  return failed == 0 ? 0 : 1;
+  return verdicts.failed() == 0 ? 0 : 1;
 }
