@@ -69,11 +69,18 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     if (!c.name.starts_with(only)) continue;
     for (std::int64_t mib : {1, 4, 16, 64}) {
-      // A [rows, 1024] f32 tensor whose larger per-rank side is `mib` MiB.
+      // A [rows, 1024] f32 tensor whose larger per-rank side is `mib` MiB: `mib` MiB in all
+      // where a side replicates or holds partials, `size` times that where both shard.
       const std::int64_t row_bytes = 1024 * 4;
-      const std::int64_t rows = mib * 1024 * 1024 / row_bytes;
-      const Layout src(mesh, parse_placements(c.from), {rows, 1024}, DType::f32);
-      const Layout dst(mesh, parse_placements(c.to), {rows, 1024}, DType::f32);
+      const std::int64_t full_rows = mib * 1024 * 1024 / row_bytes;
+      const auto layout = [&](std::string_view placements, std::int64_t rows) {
+        return Layout(mesh, parse_placements(placements), {rows, 1024}, DType::f32);
+      };
+      const std::int64_t larger = std::max(layout(c.from, full_rows).max_local_bytes(),
+                                           layout(c.to, full_rows).max_local_bytes());
+      const std::int64_t rows = full_rows * (full_rows * row_bytes / larger);
+      const Layout src = layout(c.from, rows);
+      const Layout dst = layout(c.to, rows);
       const Plan plan = plan_redistribute(src, dst);
       std::vector<float> in(static_cast<std::size_t>(src.local_numel(rank)), 1.0f);
       std::vector<float> out(static_cast<std::size_t>(dst.local_numel(rank)));
