@@ -362,6 +362,38 @@ TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a bac
   }
 }
 
+TEST_CASE("an all-gather round gathers every tensor into its own buffers, on a backend that can",
+          "[batch][strided]") {
+  // FSDP's all-gather of a layer's parameters (seed 001), row and column pieces, four dtypes. A
+  // BatchedAllGather backend gathers every tensor's pieces where they go, with nothing packed or
+  // unpacked; a backend without it packs this member's pieces into one block where its part of
+  // the gathered block goes, and unpacks the gathered block.
+  static_assert(BatchedAllGather<SimulatedBackend>);
+  static_assert(!BatchedAllGather<PackingBackend>);
+  const DeviceMesh mesh({2, 4});
+  const std::vector<Redistribution> tensors = {
+      pair(mesh, "R,S(0)", "R,R", {16, 8}), pair(mesh, "R,S(1)", "R,R", {8, 16}, DType::bf16),
+      pair(mesh, "S(1),S(2)", "S(1),R", {4, 6, 8}, DType::i64),
+      pair(mesh, "R,S(0)", "R,R", {32, 4}, DType::f16)};
+  const BatchPlan<8> b = plan_batch<8>(tensors);
+  REQUIRE(b.collectives() == 1);
+  REQUIRE(b.rounds()[0].kind == StepKind::all_gather);
+  // Each tensor's step holds no scratch of its own, so the round is all there is.
+  CHECK(workspace_bytes<SimulatedBackend>(b) == 0);
+  CHECK(workspace_bytes(b) > 0);
+  const BatchVerification v = verify_batch_on_simulator(b);
+  INFO(v.difference);
+  CHECK(v.verified);
+  CHECK(v.collectives == 2);  // one all-gather per group of mesh dim 1
+  for (const bool packing : {false, true}) {
+    const auto [most, wrong, planned] = run_batch(b, packing ? Via::packing : Via::simulated);
+    CHECK(wrong.empty());
+    INFO("packing backend: " << packing);
+    CHECK(most == (packing ? workspace_bytes(b) : 0));
+    CHECK(planned == most);
+  }
+}
+
 TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
   const std::vector<Redistribution> mixed{pair(DeviceMesh({4}), "S(0)", "R", {8}),
                                           pair(DeviceMesh({2, 2}), "S(0),R", "R,R", {8})};
@@ -415,6 +447,16 @@ TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
     backend.all_to_all_batched(0, parts);
   }),
                     Catch::Contains("bytes of part 0"));
+  // Members whose parts of a batched all-gather do not match: an error on every rank.
+  CHECK_THROWS_WITH(world.run([&](SimulatedBackend& backend) {
+    std::vector<std::byte> send(8), recv(32);
+    const std::size_t run = backend.rank() == 2 ? 4 : 8;
+    const std::vector<AllGatherPart> parts{{send.data(), recv.data(), {1, run, 4 * run}},
+                                           {send.data(), recv.data(), {1, 8 - run, 32 - 4 * run}}};
+    backend.all_gather_batched(0, parts);
+  }),
+                    Catch::Contains("simulated batched all-gather: rank 0 gathers 8 bytes per "
+                                    "member of part 0, rank 2 4"));
 }
 
 TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[batch]") {
@@ -479,7 +521,7 @@ TEST_CASE("a batch of all-reduces runs in place, each tensor in one buffer", "[b
 
 TEST_CASE("a batch of all-gathers runs in place, each source at its rank's slab", "[batch]") {
   // FSDP's layer: every parameter's shard inside its gathered buffer (MPI_IN_PLACE's layout),
-  // gathered in one round.
+  // gathered in one round: from the tensors' buffers (BatchedAllGather) and packed.
   const DeviceMesh m({4});
   std::vector<Redistribution> tensors;
   for (int t = 0; t < 4; ++t)
@@ -488,29 +530,35 @@ TEST_CASE("a batch of all-gathers runs in place, each source at its rank's slab"
   CHECK(b.collectives() == 1);
   std::mutex lock;
   std::vector<std::string> wrong;
-  SimulatedWorld(m).run([&](SimulatedBackend& backend) {
-    const int rank = backend.rank();
-    std::vector<std::vector<std::byte>> whole;
-    std::vector<TensorBuffers> buffers;
-    for (const Plan& p : b) {
-      const auto piece = static_cast<std::size_t>(p.src().local_bytes(rank));
-      whole.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
-      std::byte* slot = whole.back().data() + static_cast<std::size_t>(rank) * piece;
-      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
-        const std::vector<T> mine = global_view_block<T>(p.src(), rank);
-        std::memcpy(slot, mine.data(), piece);
-      });
-      buffers.push_back({slot, piece, whole.back().data(), whole.back().size()});
+  SimulatedWorld(m).run([&](SimulatedBackend& simulated) {
+    PackingBackend packing(simulated);
+    for (const bool packed : {false, true}) {
+      const int rank = simulated.rank();
+      std::vector<std::vector<std::byte>> whole;
+      std::vector<TensorBuffers> buffers;
+      for (const Plan& p : b) {
+        const auto piece = static_cast<std::size_t>(p.src().local_bytes(rank));
+        whole.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+        std::byte* slot = whole.back().data() + static_cast<std::size_t>(rank) * piece;
+        detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+          const std::vector<T> mine = global_view_block<T>(p.src(), rank);
+          std::memcpy(slot, mine.data(), piece);
+        });
+        buffers.push_back({slot, piece, whole.back().data(), whole.back().size()});
+      }
+      if (packed)
+        execute(b, packing, std::span<const TensorBuffers>(buffers));
+      else
+        execute(b, simulated, std::span<const TensorBuffers>(buffers));
+      for (std::size_t t = 0; t < b.size(); ++t)
+        detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
+          const std::vector<T> want = global_view_block<T>(b[t].dst(), rank);
+          if (std::memcmp(want.data(), whole[t].data(), whole[t].size()) != 0) {
+            const std::scoped_lock guard(lock);
+            wrong.push_back(fmt::format("rank {} tensor {} (packed: {})", rank, t, packed));
+          }
+        });
     }
-    execute(b, backend, std::span<const TensorBuffers>(buffers));
-    for (std::size_t t = 0; t < b.size(); ++t)
-      detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
-        const std::vector<T> want = global_view_block<T>(b[t].dst(), rank);
-        if (std::memcmp(want.data(), whole[t].data(), whole[t].size()) != 0) {
-          const std::scoped_lock guard(lock);
-          wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
-        }
-      });
   });
   CHECK(wrong == std::vector<std::string>{});
 }

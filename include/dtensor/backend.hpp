@@ -230,6 +230,30 @@ concept StridedAllGather = Backend<B> &&
        { b.start_all_gather_strided(mesh_dim, send, recv, p) } -> std::same_as<typename B::Request>;
      });
 
+// One tensor's share of a batched all-gather (BatchedAllGather): this member's piece, one run of
+// `received.piece_bytes()` bytes at `send`, and where the g pieces go in `recv`, as `received`
+// says (contiguous pieces one after another: StridedPieces{1, bytes, g * bytes}). `send` may be
+// this member's own place in `recv` (in place).
+struct AllGatherPart {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  StridedPieces received;
+};
+
+// A backend that runs one all-gather over several tensors' buffers at once, without packing
+// them into one (optional: a batch's all-gather round packs every tensor's piece into one block
+// and unpacks the gathered blocks where a backend lacks it). `all_gather_batched(mesh_dim,
+// parts)` is all_gather_strided(mesh_dim, parts[t].send, parts[t].recv, parts[t].received) for
+// every t, as one collective: every member passes as many parts, and part t's pieces have the
+// same piece_bytes() on every member. Blocking only. A backend may declare `static constexpr
+// std::size_t batched_all_gather_bytes`: rounds of fewer gathered bytes (all members) are packed
+// as on a backend without it.
+template <class B>
+concept BatchedAllGather = Backend<B> &&
+    requires(B& b, int mesh_dim, std::span<const AllGatherPart> parts) {
+  b.all_gather_batched(mesh_dim, parts);
+};
+
 namespace detail {
 // Copies `bytes` bytes laid out as the runs of `from_runs` at `from` (run r at r * stride_bytes)
 // into the runs of `to_runs` at `to`, both cut differently and walked together, calling

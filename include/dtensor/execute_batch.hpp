@@ -164,6 +164,19 @@ constexpr std::size_t batched_all_to_all_from() {
     return 0;
 }
 
+// The gathered size (bytes, all members) from which a batch's all-gather round runs from the
+// tensors' buffers on B (BatchedAllGather), as B::batched_all_gather_bytes says where B declares
+// it, else at any size; never on a backend without it.
+template <class B>
+constexpr std::size_t batched_all_gather_from() {
+  if constexpr (!BatchedAllGather<B>)
+    return std::numeric_limits<std::size_t>::max();
+  else if constexpr (requires { B::batched_all_gather_bytes; })
+    return B::batched_all_gather_bytes;
+  else
+    return 0;
+}
+
 // A batch's all-reduce round of `count` elements in `packed`, in place, as two point-to-point
 // rounds (reduces_round_by_messages): the packed block's g balanced slices reduce-scattered, the
 // partials of this member's slice in the send packing buffer and reduced here in group order,
@@ -359,6 +372,17 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
   };
   switch (first.kind) {
     case Kind::all_gather: {
+      if constexpr (BatchedAllGather<B>) {
+        if (g * total >= batched_all_gather_from<B>()) {  // from the tensors' buffers
+          std::vector<AllGatherPart> parts;
+          parts.reserve(ops.size());
+          for (const ParkedOp* o : ops)
+            parts.push_back(
+                {o->send, o->recv, o->strided ? o->received : StridedPieces{1, o->n, g * o->n}});
+          backend.all_gather_batched(k, parts);
+          return;
+        }
+      }
       // In place: the packed block goes where this member's part of the result goes.
       std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
       std::byte* send =
@@ -518,11 +542,12 @@ bool reduces_round_by_messages(const BatchPlan<N>& batch, std::size_t r, std::si
 namespace detail {
 
 // workspace_bytes(batch) on a backend that runs an all-to-all round of at least
-// `batched_all_to_all` packed bytes from the tensors' buffers (batched_all_to_all_from), packing
-// nothing for it.
+// `batched_all_to_all` packed bytes, and an all-gather round of at least `batched_all_gather`
+// gathered bytes, from the tensors' buffers (batched_all_to_all_from, batched_all_gather_from),
+// packing nothing for them.
 template <std::size_t N>
 std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batched_all_to_all,
-                                   std::size_t reduce_messages) {
+                                   std::size_t batched_all_gather, std::size_t reduce_messages) {
   if (batch.empty()) return 0;
   const DeviceMesh& mesh = batch[0].src().mesh();
   std::int64_t most = 0;
@@ -549,7 +574,9 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
         const std::size_t total = round_member_bytes(batch, r, me);
         const auto g = static_cast<std::size_t>(mesh.size(round.mesh_dim));
         switch (round.kind) {
-          case StepKind::all_gather: round_recv = static_cast<std::int64_t>(g * total); break;
+          case StepKind::all_gather:
+            if (g * total < batched_all_gather) round_recv = static_cast<std::int64_t>(g * total);
+            break;
           case StepKind::all_reduce:
             round_recv = static_cast<std::int64_t>(total);
             if (reduces_round_by_messages(batch, r, reduce_messages)) {
@@ -593,6 +620,7 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
 template <std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   return detail::batch_workspace_bytes(batch, std::numeric_limits<std::size_t>::max(),
+                                       std::numeric_limits<std::size_t>::max(),
                                        std::numeric_limits<std::size_t>::max());
 }
 
@@ -603,6 +631,7 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),
+                                       detail::batched_all_gather_from<B>(),
                                        detail::reduce_messages_of<detail::Link<B>>::bytes);
 }
 
@@ -610,6 +639,7 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch, const B& backend) {
   return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),
+                                       detail::batched_all_gather_from<B>(),
                                        detail::reduce_messages_from(backend));
 }
 

@@ -105,7 +105,15 @@ int main(int argc, char** argv) {
                          on_last("S(1)", "S(0)", {g, 4 * g * rows}, DType::bf16),
                          on_last("S(0)", "S(2)", {g, 3, 2 * g * rows}, DType::i64),
                          on_last("S(0)", "S(1)", {8 * g * rows, g}, DType::i32)});
-    static_assert(BatchedAllToAll<MpiBackend>);
+    // All-gathers of four tensors likewise (FSDP's parameters), row and column pieces: packed
+    // when small, gathered where they go when large (BatchedAllGather, MPI_Ialltoallw from
+    // MpiBackend::batched_all_gather_bytes).
+    for (const std::int64_t rows : {1, 8192 / g})
+      batches.push_back({on_last("S(0)", "R", {2 * g * rows, 3 * g}, DType::f32),
+                         on_last("S(1)", "R", {g, 4 * g * rows}, DType::bf16),
+                         on_last("S(2)", "R", {g, 3, 2 * g * rows}, DType::i64),
+                         on_last("S(0)", "R", {8 * g * rows, g}, DType::i32)});
+    static_assert(BatchedAllToAll<MpiBackend> && BatchedAllGather<MpiBackend>);
     for (const std::vector<Redistribution>& tensors : batches) {
       const int size = static_cast<int>(tensors.size());
       for (const BatchSchedule how : {BatchSchedule::fused, BatchSchedule::fewest_calls}) {
@@ -136,6 +144,41 @@ int main(int argc, char** argv) {
                        problem.empty(), problem);
       }
     }
+  }
+  // A layer's parameters gathered in place (each shard at its rank's slab of its gathered
+  // buffer), packed when small and from the tensors' buffers when large.
+  for (const std::int64_t rows : {8, 4096}) {
+    const DeviceMesh mesh({world_size});
+    MpiBackend backend(mesh);
+    std::vector<Redistribution> layer;
+    for (int t = 0; t < 4; ++t) {
+      const Shape shape{rows * world_size * (1 + t), 16};
+      const DType dtype = t % 2 == 0 ? DType::f32 : DType::bf16;
+      layer.push_back({Layout(mesh, parse_placements("S(0)"), shape, dtype),
+                       Layout(mesh, parse_placements("R"), shape, dtype)});
+    }
+    const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(layer));
+    std::vector<std::vector<std::byte>> whole;
+    std::vector<TensorBuffers> buffers;
+    for (const Plan& p : *batch) {
+      const auto piece = static_cast<std::size_t>(p.src().local_bytes(world_rank));
+      whole.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(world_rank)));
+      std::byte* slot = whole.back().data() + static_cast<std::size_t>(world_rank) * piece;
+      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+        const std::vector<T> mine = global_view_block<T>(p.src(), world_rank);
+        std::memcpy(slot, mine.data(), piece);
+      });
+      buffers.push_back({slot, piece, whole.back().data(), whole.back().size()});
+    }
+    std::string problem;
+    try {
+      execute(*batch, backend, std::span<const TensorBuffers>(buffers));
+      problem = check(*batch, whole, world_rank);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    verdicts.agree(fmt::format("a layer of 4 tensors gathered in place, {} rows per rank", rows),
+                   problem.empty(), problem);
   }
   // A batched execute() while an execution is still to start operations on the backend: refused
   // on every rank (each sees the same state), and the backend aborted. The buffers of the

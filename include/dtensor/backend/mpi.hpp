@@ -105,7 +105,7 @@ class MpiType {
 }  // namespace detail
 
 // One rank of a mesh whose ranks are the ranks of an MPI communicator; satisfies Backend,
-// AsyncBackend, StridedAllToAll and StridedAllGather.
+// AsyncBackend, StridedAllToAll, StridedAllGather, BatchedAllToAll and BatchedAllGather.
 class MpiBackend {
  public:
   static constexpr MemorySpace memory = MemorySpace::host;
@@ -118,6 +118,10 @@ class MpiBackend {
   // both sides, since building a datatype per member and tensor costs more than copying it
   // (about 0.5 us per tensor and member here, bench/README.md).
   static constexpr std::size_t batched_all_to_all_bytes = std::size_t{512} << 10;
+  // A batch's all-gather round of at least this many gathered bytes (all members, all tensors)
+  // runs from the tensors' buffers (all_gather_batched, the same datatypes), holding no scratch
+  // and sparing the unpacking copy of the gathered block; a smaller one packs.
+  static constexpr std::size_t batched_all_gather_bytes = std::size_t{512} << 10;
   // By default, an even reduce-scatter of blocks of at least this size runs as one point-to-point
   // round reduced by dtensor in group order rather than MPI_Ireduce_scatter_block, and an
   // all-reduce as two (Options::reduce_by_messages_from_bytes): Open MPI 4.1 reduces large
@@ -335,6 +339,13 @@ class MpiBackend {
     Request r = start_all_to_all_batched(mesh_dim, parts);
     wait(r);
   }
+  // One all-gather over several tensors' buffers (BatchedAllGather): the same MPI_Ialltoallw,
+  // each member sending its piece of every part where it lies and receiving every member's
+  // where it goes.
+  void all_gather_batched(int mesh_dim, std::span<const AllGatherPart> parts) {
+    Request r = start_all_gather_batched(mesh_dim, parts);
+    wait(r);
+  }
 
   // The same operations started and finished later (AsyncBackend), with MPI's nonblocking
   // collectives: execute_async overlaps them with the caller's work.
@@ -401,61 +412,26 @@ class MpiBackend {
     return r;
   }
   Request start_all_to_all_batched(int mesh_dim, std::span<const AllToAllPart> parts) {
-    Request r = begin("MPI_Ialltoallw");
-    const MPI_Comm comm = group(mesh_dim);
-    const auto g = static_cast<std::size_t>(mesh_.size(mesh_dim));
-    // Per part and side: the datatype of one piece (its runs), MPI_BYTE where it is one run.
-    std::vector<MPI_Datatype> sent(parts.size(), MPI_BYTE), received(parts.size(), MPI_BYTE);
-    auto piece_type = [&](StridedPieces p, MPI_Datatype& type) {
-      if (!needs_type(p)) return;
-      detail::MpiType& t = r.part_types_.emplace_back();
-      runs_type(p, t, r.call_);
-      type = t.get();
-    };
-    for (std::size_t t = 0; t < parts.size(); ++t) {
-      piece_type(parts[t].sent, sent[t]);
-      piece_type(parts[t].received, received[t]);
-    }
-    // Member j's datatype on one side: piece j of every non-empty part, at its address.
-    r.counts_.assign(2 * g, 0);
-    r.type_args_.assign(2 * g, MPI_BYTE);
-    std::vector<int> lengths;
-    std::vector<MPI_Aint> at;
-    std::vector<MPI_Datatype> types;
-    for (std::size_t side = 0; side < 2; ++side)
-      for (std::size_t j = 0; j < g; ++j) {
-        lengths.clear();
-        at.clear();
-        types.clear();
-        for (std::size_t t = 0; t < parts.size(); ++t) {
-          const StridedPieces p = side == 0 ? parts[t].sent : parts[t].received;
-          if (p.piece_bytes() == 0) continue;
-          const auto* base =
-              static_cast<const std::byte*>(side == 0 ? parts[t].send : parts[t].recv);
-          MPI_Aint address = 0;
-          must(MPI_Get_address(base + j * p.run_bytes, &address), "MPI_Get_address");
-          const bool one_run = !needs_type(p);
-          lengths.push_back(one_run ? count_of(p.piece_bytes(), r.call_) : 1);
-          at.push_back(address);
-          types.push_back(side == 0 ? sent[t] : received[t]);
-        }
-        if (lengths.empty()) continue;
-        detail::MpiType& type = r.part_types_.emplace_back();
-        must(MPI_Type_create_struct(static_cast<int>(lengths.size()), lengths.data(), at.data(),
-                                    types.data(), type.out()),
-             "MPI_Type_create_struct");
-        must(MPI_Type_commit(type.handle()), "MPI_Type_commit");
-        r.counts_[side * g + j] = 1;
-        r.type_args_[side * g + j] = type.get();
-      }
-    // Displacements are 0: the datatypes hold absolute addresses.
-    r.counts_.resize(4 * g, 0);
-    const int* counts = r.counts_.data();
-    const int* zeros = r.counts_.data() + 2 * g;
-    must(MPI_Ialltoallw(MPI_BOTTOM, counts, zeros, r.type_args_.data(), MPI_BOTTOM, counts + g,
-                        zeros, r.type_args_.data() + g, comm, &r.requests_.emplace_back()),
-         r.call_);
-    return r;
+    return start_batched(mesh_dim, parts.size(), [&](bool receive, std::size_t j, std::size_t t) {
+      const AllToAllPart& p = parts[t];
+      const StridedPieces runs = receive ? p.received : p.sent;
+      return BatchedPiece{
+          static_cast<const std::byte*>(receive ? p.recv : p.send) + j * runs.run_bytes, runs};
+    });
+  }
+  // The same for an all-gather (BatchedAllGather): every member's send datatype picks its own
+  // piece of every part (the same for all members; for itself, only the parts not in place), and
+  // its receive datatype from member j puts member j's piece of every part where it goes.
+  Request start_all_gather_batched(int mesh_dim, std::span<const AllGatherPart> parts) {
+    const auto me = static_cast<std::size_t>(mesh_.group(rank_, mesh_dim).index);
+    return start_batched(mesh_dim, parts.size(), [&](bool receive, std::size_t j, std::size_t t) {
+      const AllGatherPart& p = parts[t];
+      const StridedPieces runs = p.received;
+      auto* slot = static_cast<std::byte*>(p.recv) + j * runs.run_bytes;
+      if (j == me && p.send == slot && !needs_type(runs)) return BatchedPiece{};  // in place
+      if (receive) return BatchedPiece{slot, runs};
+      return BatchedPiece{p.send, {1, runs.piece_bytes(), runs.piece_bytes()}};
+    });
   }
   Request start_exchange(std::span<const SendMessage> sends, std::span<const RecvMessage> recvs) {
     const detail::StridedRound round = detail::as_strided(sends, recvs);
@@ -904,6 +880,66 @@ class MpiBackend {
   // The most iovecs one process_vm_readv or process_vm_writev takes (Linux's UIO_MAXIOV).
   static constexpr std::size_t max_iovecs = 1024;
 
+  // One tensor's piece in a batched collective: its first byte and its runs (no piece where
+  // `at` is null or the runs hold no bytes).
+  struct BatchedPiece {
+    const void* at = nullptr;
+    StridedPieces runs;
+  };
+  // One MPI_Ialltoallw over the pieces of `parts` tensors where they lie (nothing packed):
+  // member j's datatype on each side picks piece_of(receive, j, t) of every tensor t, at its
+  // absolute address (MPI_BOTTOM), one run as bytes and strided runs as an hvector datatype
+  // built once per tensor and side (from its first member's runs, the same for all members).
+  template <class PieceOf>
+  Request start_batched(int mesh_dim, std::size_t parts, PieceOf piece_of) {
+    Request r = begin("MPI_Ialltoallw");
+    const MPI_Comm comm = group(mesh_dim);
+    const auto g = static_cast<std::size_t>(mesh_.size(mesh_dim));
+    std::vector<MPI_Datatype> runs_types(2 * parts, MPI_DATATYPE_NULL);
+    r.counts_.assign(2 * g, 0);
+    r.type_args_.assign(2 * g, MPI_BYTE);
+    std::vector<int> lengths;
+    std::vector<MPI_Aint> at;
+    std::vector<MPI_Datatype> types;
+    for (std::size_t side = 0; side < 2; ++side)
+      for (std::size_t j = 0; j < g; ++j) {
+        lengths.clear();
+        at.clear();
+        types.clear();
+        for (std::size_t t = 0; t < parts; ++t) {
+          const BatchedPiece p = piece_of(side == 1, j, t);
+          if (p.at == nullptr || p.runs.piece_bytes() == 0) continue;
+          MPI_Aint address = 0;
+          must(MPI_Get_address(p.at, &address), "MPI_Get_address");
+          const bool one_run = !needs_type(p.runs);
+          MPI_Datatype& runs = runs_types[side * parts + t];
+          if (!one_run && runs == MPI_DATATYPE_NULL) {
+            detail::MpiType& type = r.part_types_.emplace_back();
+            runs_type(p.runs, type, r.call_);
+            runs = type.get();
+          }
+          lengths.push_back(one_run ? count_of(p.runs.piece_bytes(), r.call_) : 1);
+          at.push_back(address);
+          types.push_back(one_run ? MPI_BYTE : runs);
+        }
+        if (lengths.empty()) continue;
+        detail::MpiType& type = r.part_types_.emplace_back();
+        must(MPI_Type_create_struct(static_cast<int>(lengths.size()), lengths.data(), at.data(),
+                                    types.data(), type.out()),
+             "MPI_Type_create_struct");
+        must(MPI_Type_commit(type.handle()), "MPI_Type_commit");
+        r.counts_[side * g + j] = 1;
+        r.type_args_[side * g + j] = type.get();
+      }
+    // Displacements are 0: the datatypes hold absolute addresses.
+    r.counts_.resize(4 * g, 0);
+    const int* counts = r.counts_.data();
+    const int* zeros = r.counts_.data() + 2 * g;
+    must(MPI_Ialltoallw(MPI_BOTTOM, counts, zeros, r.type_args_.data(), MPI_BOTTOM, counts + g,
+                        zeros, r.type_args_.data() + g, comm, &r.requests_.emplace_back()),
+         r.call_);
+    return r;
+  }
   static bool needs_type(StridedPieces pieces) noexcept {
     return pieces.rows > 1 && pieces.run_bytes != 0;
   }

@@ -98,8 +98,9 @@ class BasicSimulatedWorld {
     std::vector<const void*> send;
     std::vector<void*> recv;
     std::vector<std::size_t> size;
-    std::vector<StridedPieces> pieces;                 // where an all-to-all's send pieces lie
-    std::vector<std::span<const AllToAllPart>> parts;  // a batched all-to-all's
+    std::vector<StridedPieces> pieces;                     // where an all-to-all's send pieces lie
+    std::vector<std::span<const AllToAllPart>> parts;      // a batched all-to-all's
+    std::vector<std::span<const AllGatherPart>> gathered;  // a batched all-gather's
     std::vector<std::vector<StridedSendMessage>> messages;
     std::array<std::vector<const void*>, 3> fence;
     int arrived = 0;
@@ -116,6 +117,7 @@ class BasicSimulatedWorld {
       m.size.resize(n);
       m.pieces.resize(n);
       m.parts.resize(n);
+      m.gathered.resize(n);
       m.messages.resize(n);
       for (auto& f : m.fence) f.resize(n);
     }
@@ -279,6 +281,53 @@ class BasicSimulatedBackend {
                   static_cast<std::byte*>(parts[t].recv) +
                       static_cast<std::size_t>(j) * parts[t].received.run_bytes,
                   parts[t].received, piece);
+      }
+    }
+    const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
+    leave(m, g, moved, moved);
+  }
+
+  // all_gather_strided over every part at once (BatchedAllGather): each member's piece of each
+  // part copied run by run to where it goes, the bytes counted as one all_gather's. On host
+  // memory only.
+  void all_gather_batched(int mesh_dim,
+                          std::span<const AllGatherPart> parts) requires(Lane::memory ==
+                                                                         MemorySpace::host) {
+    const MeshGroup g = mesh().group(rank_, mesh_dim);
+    std::size_t bytes = 0;
+    for (const AllGatherPart& p : parts) bytes += p.received.piece_bytes();
+    Meeting& m = enter(g, mesh_dim, nullptr, nullptr, bytes);
+    m.gathered[static_cast<std::size_t>(g.index)] = parts;
+    sync(m, g, 1);
+    // Every member checks every member's parts against its own, so that all agree, and meets
+    // the others before an error: none reads another's parts after that one has left.
+    std::string mismatch;
+    for (int j = 0; j < g.size && mismatch.empty(); ++j) {
+      const std::span<const AllGatherPart> theirs = m.gathered[static_cast<std::size_t>(j)];
+      const std::span<const AllGatherPart> first = m.gathered[0];
+      for (std::size_t t = 0; t < std::max(first.size(), theirs.size()) && mismatch.empty(); ++t) {
+        const std::size_t want = t < first.size() ? first[t].received.piece_bytes() : 0;
+        const std::size_t sent = t < theirs.size() ? theirs[t].received.piece_bytes() : 0;
+        if (want != sent)
+          mismatch = "simulated batched all-gather: rank " + std::to_string(g.rank(0)) +
+                     " gathers " + std::to_string(want) + " bytes per member of part " +
+                     std::to_string(t) + ", rank " + std::to_string(g.rank(j)) + " " +
+                     std::to_string(sent);
+      }
+    }
+    if (!mismatch.empty()) {
+      sync(m, g, 2);
+      world_->abort();
+      throw error(mismatch);
+    }
+    for (int j = 0; j < g.size; ++j) {
+      const std::span<const AllGatherPart> theirs = m.gathered[static_cast<std::size_t>(j)];
+      for (std::size_t t = 0; t < parts.size(); ++t) {
+        const std::size_t piece = parts[t].received.piece_bytes();
+        auto* to = static_cast<std::byte*>(parts[t].recv) +
+                   static_cast<std::size_t>(j) * parts[t].received.run_bytes;
+        if (piece == 0 || theirs[t].send == to) continue;  // in place: already there
+        copy_runs(theirs[t].send, {1, piece, piece}, to, parts[t].received, piece);
       }
     }
     const auto moved = static_cast<std::int64_t>(static_cast<std::size_t>(g.size - 1) * bytes);
