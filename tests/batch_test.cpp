@@ -36,6 +36,7 @@ std::int64_t alone(const Redistribution& r) {
 using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
 // Reduce-scatters and all-reduces of 256 bytes and up by messages (MpiBackend from 1 MiB).
 using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
+using BatchedMessageScatterBackend = testing::BatchedMessageReducingBackend<SimulatedBackend>;
 
 // A batch run on simulated ranks with every tensor's global view as its data, through the
 // simulated backend, one without strided or batched calls (`packing`), or one that reduces by
@@ -47,7 +48,14 @@ struct BatchRun {
 };
 // `reducing_never`: a backend of the type that reduces by messages whose instance never does;
 // `one_buffer`: the simulated backend, each tensor's source and target in one buffer.
-enum class Via { simulated, packing, reducing_by_messages, reducing_never, one_buffer };
+enum class Via {
+  simulated,
+  packing,
+  reducing_by_messages,
+  reducing_batched,
+  reducing_never,
+  one_buffer
+};
 template <std::size_t N>
 BatchRun run_batch(const BatchPlan<N>& b, Via via) {
   auto bytes_of_block = [](const Layout& l, int rank) {
@@ -78,8 +86,12 @@ BatchRun run_batch(const BatchPlan<N>& b, Via via) {
     MessageScatterBackend reducing(simulated, via == Via::reducing_never
                                                   ? std::numeric_limits<std::size_t>::max()
                                                   : MessageScatterBackend::reduce_messages_bytes);
+    BatchedMessageScatterBackend batched(simulated);
     std::int64_t planned = 0;
-    if (via == Via::packing) {
+    if (via == Via::reducing_batched) {
+      execute(b, batched, std::span<const TensorBuffers>(buffers), &stats);
+      planned = workspace_bytes(b, batched);
+    } else if (via == Via::packing) {
       execute(b, forward, std::span<const TensorBuffers>(buffers), &stats);
       planned = workspace_bytes(b, forward);
     } else if (via == Via::reducing_by_messages || via == Via::reducing_never) {
@@ -492,6 +504,16 @@ TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[bat
     CHECK(MessageScatterBackend::calls == 0);
     CHECK(most <= workspace_bytes<MessageScatterBackend>(b));
     CHECK(planned == workspace_bytes<MessageScatterBackend>(b));
+    // On a backend that also runs batched all-to-alls (as MPI does), the reduce-scatter rounds
+    // send from the tensors' buffers and reduce into their targets: the same values, and only
+    // the partials staged.
+    static_assert(BatchedAllToAll<BatchedMessageScatterBackend>);
+    const BatchRun batched = run_batch(b, Via::reducing_batched);
+    CHECK(batched.wrong == std::vector<std::string>{});
+    CHECK(MessageScatterBackend::calls == 0);
+    CHECK(batched.most <= batched.planned);
+    CHECK(batched.planned == workspace_bytes<BatchedMessageScatterBackend>(b));
+    CHECK(batched.planned <= planned);
     // The same type, an instance that never reduces by messages: the collectives, and the
     // scratch that instance's workspace_bytes counts.
     const BatchRun never = run_batch(b, Via::reducing_never);

@@ -76,4 +76,16 @@ class MessageReducingBackend : public ForwardingBackend<Inner> {
   static inline std::atomic<int> calls{0};
 };
 
+// MessageReducingBackend that also runs a batched all-to-all over the tensors' buffers through
+// `inner` (BatchedAllToAll), as MpiBackend does: a batch's reduce-scatter rounds by messages
+// then send every tensor's pieces from where they lie instead of packing them.
+template <class Inner>
+class BatchedMessageReducingBackend : public MessageReducingBackend<Inner> {
+ public:
+  using MessageReducingBackend<Inner>::MessageReducingBackend;
+  void all_to_all_batched(int k, std::span<const AllToAllPart> parts) {
+    this->inner_.all_to_all_batched(k, parts);
+  }
+};
+
 }  // namespace dtensor::testing

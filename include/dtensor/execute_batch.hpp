@@ -414,6 +414,29 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
       return;
     }
     case Kind::reduce_scatter: {
+      if constexpr (BatchedAllToAll<B>) {
+        if (reduce_by_messages && g * total >= batched_all_to_all_from<B>()) {
+          // The same round from the tensors' buffers: one batched all-to-all sends member j
+          // piece j of every tensor where it lies and puts the g partials of this member's
+          // piece of tensor t side by side at g * off[t] in the staging; each tensor's are then
+          // reduced in group order straight into its target. Nothing packed or unpacked.
+          std::byte* staged = Packing::at_least(backend, buffers.recv, g * total);
+          std::vector<AllToAllPart> parts;
+          parts.reserve(ops.size());
+          for (std::size_t t = 0; t < ops.size(); ++t) {
+            const StridedPieces pieces{1, piece(t), g * piece(t)};
+            parts.push_back({ops[t]->send, staged + g * off[t], pieces, pieces});
+          }
+          backend.all_to_all_batched(k, parts);
+          std::vector<const void*> partials(g);
+          for (std::size_t t = 0; t < ops.size(); ++t) {
+            if (!piece(t)) continue;
+            for (std::size_t j = 0; j < g; ++j) partials[j] = staged + g * off[t] + j * piece(t);
+            local.reduce(first.dtype, ops[t]->recv, partials, ops[t]->n, first.op);
+          }
+          return;
+        }
+      }
       std::byte* send = Packing::at_least(backend, buffers.send, g * total);
       if (reduce_by_messages) {
         // One point-to-point round (B::reduce_messages_bytes): member j's slice of the
@@ -591,9 +614,15 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
             }
             break;
           case StepKind::reduce_scatter:
-            round_send = static_cast<std::int64_t>(g * total);
-            round_recv = static_cast<std::int64_t>(
-                reduces_round_by_messages(batch, r, reduce_messages) ? (g - 1) * total : total);
+            if (!reduces_round_by_messages(batch, r, reduce_messages)) {
+              round_send = static_cast<std::int64_t>(g * total);
+              round_recv = static_cast<std::int64_t>(total);
+            } else if (g * total >= batched_all_to_all) {  // the partials only
+              round_recv = static_cast<std::int64_t>(g * total);
+            } else {
+              round_send = static_cast<std::int64_t>(g * total);
+              round_recv = static_cast<std::int64_t>((g - 1) * total);
+            }
             break;
           default:
             if (g * total < batched_all_to_all)
@@ -626,8 +655,9 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
 
 // The same on backend B with its default options (`workspace_bytes<MpiBackend>(batch)`): on a
 // BatchedAllToAll backend an all-to-all round packs nothing (on MPI, from 512 KiB of packed
-// pieces up), and a reduce-scatter round by messages receives g - 1 partials (on MPI, from
-// 1 MiB packed).
+// pieces up), nor does a reduce-scatter round by messages (on MPI, from 1 MiB packed), which
+// stages the g partials of this member's pieces (g - 1 beside the packed block elsewhere); on
+// a BatchedAllGather backend an all-gather round packs nothing (on MPI, from 512 KiB gathered).
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),

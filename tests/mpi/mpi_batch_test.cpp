@@ -180,6 +180,42 @@ int main(int argc, char** argv) {
     verdicts.agree(fmt::format("a layer of 4 tensors gathered in place, {} rows per rank", rows),
                    problem.empty(), problem);
   }
+  // A layer's gradients reduce-scattered together, f32 and bf16 rounds: by the collective when
+  // small, and by messages from the tensors' buffers when large (from 1 MiB of packed block,
+  // MpiBackend::reduce_messages_bytes; each rank's pieces sent where they lie by one batched
+  // all-to-all, the partials reduced into the targets).
+  for (const std::int64_t rows : {8, 4096}) {
+    const DeviceMesh mesh({world_size});
+    MpiBackend backend(mesh);
+    std::vector<Redistribution> grads;
+    for (int t = 0; t < 4; ++t) {
+      const Shape shape{rows * world_size * (1 + t % 2), 16 + 8 * t};
+      const DType dtype = t < 2 ? DType::f32 : DType::bf16;
+      grads.push_back({Layout(mesh, parse_placements("P"), shape, dtype),
+                       Layout(mesh, parse_placements("S(0)"), shape, dtype)});
+    }
+    const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(grads));
+    std::vector<std::vector<std::byte>> in, out;
+    std::vector<TensorBuffers> buffers;
+    for (const Plan& p : *batch) {
+      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+        const std::vector<T> block = global_view_block<T>(p.src(), world_rank);
+        in.emplace_back(reinterpret_cast<const std::byte*>(block.data()),
+                        reinterpret_cast<const std::byte*>(block.data() + block.size()));
+      });
+      out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(world_rank)));
+      buffers.push_back({in.back().data(), in.back().size(), out.back().data(), out.back().size()});
+    }
+    std::string problem;
+    try {
+      execute(*batch, backend, std::span<const TensorBuffers>(buffers));
+      problem = check(*batch, out, world_rank);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    verdicts.agree(fmt::format("a layer's gradients reduce-scattered, {} rows per rank", rows),
+                   problem.empty(), problem);
+  }
   // A batched execute() while an execution is still to start operations on the backend: refused
   // on every rank (each sees the same state), and the backend aborted. The buffers of the
   // abandoned execution stay allocated until MPI_Finalize (the MPI backend's abort contract).
