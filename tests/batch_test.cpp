@@ -504,10 +504,11 @@ TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[bat
     CHECK(MessageScatterBackend::calls == 0);
     CHECK(most <= workspace_bytes<MessageScatterBackend>(b));
     CHECK(planned == workspace_bytes<MessageScatterBackend>(b));
-    // On a backend that also runs batched all-to-alls (as MPI does), the reduce-scatter rounds
-    // send from the tensors' buffers and reduce into their targets: the same values, and only
-    // the partials staged.
-    static_assert(BatchedAllToAll<BatchedMessageScatterBackend>);
+    // On a backend that also runs batched all-to-alls and all-gathers (as MPI does), the
+    // reduction rounds send from the tensors' buffers and reduce into their targets: the same
+    // values, and only the partials staged.
+    static_assert(BatchedAllToAll<BatchedMessageScatterBackend> &&
+                  BatchedAllGather<BatchedMessageScatterBackend>);
     const BatchRun batched = run_batch(b, Via::reducing_batched);
     CHECK(batched.wrong == std::vector<std::string>{});
     CHECK(MessageScatterBackend::calls == 0);
@@ -521,6 +522,31 @@ TEST_CASE("a batch's large reduction rounds run as point-to-point rounds", "[bat
     CHECK(MessageScatterBackend::calls > 0);
     CHECK(never.most <= never.planned);
     CHECK(never.planned == workspace_bytes(b));
+  }
+}
+
+TEST_CASE("a batch's all-reduce round by messages packs where a block does not cut in g slices",
+          "[batch]") {
+  // From the tensors' buffers each block is cut into g equal slices; a round with a block of
+  // 21 elements over the 2 members of mesh dim 0 packs, as on a backend without batched calls.
+  // Both give the same values as the global view, with the scratch planned.
+  const DeviceMesh m({2, 4});
+  for (const std::int64_t cols : {3, 8}) {
+    std::vector<Redistribution> tensors;
+    for (int t = 0; t < 4; ++t)
+      tensors.push_back(pair(m, "P,R", "R,R", {7 + 8 * t, cols}, t % 2 ? DType::bf16 : DType::f32));
+    const BatchPlan<8> b = plan_batch<8>(tensors);
+    REQUIRE(b.rounds()[0].kind == StepKind::all_reduce);
+    INFO(cols << " columns");
+    const BatchRun batched = run_batch(b, Via::reducing_batched);
+    const BatchRun packed = run_batch(b, Via::reducing_by_messages);
+    CHECK(batched.wrong == std::vector<std::string>{});
+    CHECK(packed.wrong == std::vector<std::string>{});
+    CHECK(batched.most <= batched.planned);
+    CHECK(batched.planned == workspace_bytes<BatchedMessageScatterBackend>(b));
+    CHECK(packed.planned == workspace_bytes<MessageScatterBackend>(b));
+    // 8 columns: every block cuts evenly, and the partials take less than the packed round.
+    CHECK((cols == 8 ? batched.planned < packed.planned : batched.planned == packed.planned));
   }
 }
 

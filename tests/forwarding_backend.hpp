@@ -76,15 +76,19 @@ class MessageReducingBackend : public ForwardingBackend<Inner> {
   static inline std::atomic<int> calls{0};
 };
 
-// MessageReducingBackend that also runs a batched all-to-all over the tensors' buffers through
-// `inner` (BatchedAllToAll), as MpiBackend does: a batch's reduce-scatter rounds by messages
-// then send every tensor's pieces from where they lie instead of packing them.
+// MessageReducingBackend that also runs batched all-to-alls and all-gathers over the tensors'
+// buffers through `inner` (BatchedAllToAll, BatchedAllGather), as MpiBackend does: a batch's
+// reduce-scatter and all-reduce rounds by messages then send every tensor's pieces from where
+// they lie instead of packing them.
 template <class Inner>
 class BatchedMessageReducingBackend : public MessageReducingBackend<Inner> {
  public:
   using MessageReducingBackend<Inner>::MessageReducingBackend;
   void all_to_all_batched(int k, std::span<const AllToAllPart> parts) {
     this->inner_.all_to_all_batched(k, parts);
+  }
+  void all_gather_batched(int k, std::span<const AllGatherPart> parts) {
+    this->inner_.all_gather_batched(k, parts);
   }
 };
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -200,6 +201,22 @@ void all_reduce_by_messages(B& backend, int k, std::byte* packed, std::size_t co
     local_ops_of(backend).reduce(dtype, packed + static_cast<std::size_t>(r.own.start) * elem,
                                  r.parts, static_cast<std::size_t>(r.own.size), op);
   backend.exchange(gather.sends, gather.recvs);
+}
+
+// Whether a batch's all-reduce round by messages of `total` bytes per member on a group of `g`
+// runs from the tensors' buffers (run_round) on a backend with both batched all-to-alls (from
+// `all_to_all_from` bytes) and batched all-gathers (from `all_gather_from`): every tensor's
+// block, of count(t) elements for t = 0, 1, ... until none, cuts into g equal slices. The same
+// on every member of the group, whose blocks are alike.
+template <class Count>
+bool all_reduces_from_buffers(std::size_t total, std::size_t g, std::size_t all_to_all_from,
+                              std::size_t all_gather_from, Count count) {
+  if (g < 2 || total < all_to_all_from || total < all_gather_from) return false;
+  for (std::size_t t = 0;; ++t) {
+    const std::optional<std::size_t> n = count(t);
+    if (!n) return true;
+    if (*n % g != 0) return false;
+  }
 }
 
 // Runs the parked operations `ops` of one round as one backend call, packing in `buffers`; a
@@ -420,7 +437,8 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
           // piece j of every tensor where it lies and puts the g partials of this member's
           // piece of tensor t side by side at g * off[t] in the staging; each tensor's are then
           // reduced in group order straight into its target. Nothing packed or unpacked.
-          std::byte* staged = Packing::at_least(backend, buffers.recv, g * total);
+          // (In the send side's buffer, which the packed round fills with the same size.)
+          std::byte* staged = Packing::at_least(backend, buffers.send, g * total);
           std::vector<AllToAllPart> parts;
           parts.reserve(ops.size());
           for (std::size_t t = 0; t < ops.size(); ++t) {
@@ -471,6 +489,42 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
       return;
     }
     case Kind::all_reduce: {  // in place
+      if constexpr (BatchedAllToAll<B> && BatchedAllGather<B>) {
+        if (reduce_by_messages &&
+            all_reduces_from_buffers(total, g, batched_all_to_all_from<B>(),
+                                     batched_all_gather_from<B>(), [&](std::size_t t) {
+                                       return t < ops.size() ? std::optional(ops[t]->n)
+                                                             : std::nullopt;
+                                     })) {
+          // The two rounds from the tensors' buffers: each tensor's block cut in g equal
+          // slices, member j's slice of every tensor sent to it by one batched all-to-all
+          // (the g partials of this member's slice of tensor t side by side at off[t] in the
+          // staging), reduced in group order straight into the tensor's target, then gathered
+          // by one batched all-gather where the targets hold them. Nothing packed or unpacked.
+          const auto me = static_cast<std::size_t>(backend.mesh().group(backend.rank(), k).index);
+          std::byte* staged = Packing::at_least(backend, buffers.recv, total);
+          std::vector<AllToAllPart> scatter;
+          std::vector<AllGatherPart> gather;
+          for (std::size_t t = 0; t < ops.size(); ++t) {
+            const std::size_t slice = piece(t) / g;
+            const StridedPieces slices{1, slice, g * slice};
+            scatter.push_back({ops[t]->send, staged + off[t], slices, slices});
+            gather.push_back(
+                {static_cast<std::byte*>(ops[t]->recv) + me * slice, ops[t]->recv, slices});
+          }
+          backend.all_to_all_batched(k, scatter);
+          std::vector<const void*> partials(g);
+          for (std::size_t t = 0; t < ops.size(); ++t) {
+            const std::size_t slice = piece(t) / g;
+            if (slice == 0) continue;
+            for (std::size_t j = 0; j < g; ++j) partials[j] = staged + off[t] + j * slice;
+            local.reduce(first.dtype, static_cast<std::byte*>(ops[t]->recv) + me * slice, partials,
+                         ops[t]->n / g, first.op);
+          }
+          backend.all_gather_batched(k, gather);
+          return;
+        }
+      }
       std::byte* packed = Packing::at_least(backend, buffers.recv, total);
       pack(packed, 1);
       if (reduce_by_messages && g > 1) {
@@ -534,6 +588,21 @@ std::size_t round_member_bytes(const BatchPlan<N>& batch, std::size_t r, const M
     for (std::size_t s = 0; s < batch[t].size(); ++s)
       if (batch.round_of(t, s) == static_cast<int>(r)) total += round_part_bytes(batch[t], s, me);
   return total;
+}
+
+// The elements of each part of round r on the rank at `me`, in tensor order (a function of the
+// part's index: nullopt past the last), as run_round sees the parked operations' counts.
+template <std::size_t N>
+auto round_part_counts(const BatchPlan<N>& batch, std::size_t r, const MeshCoord& me) {
+  std::vector<std::size_t> counts;
+  for (std::size_t t = 0; t < batch.size(); ++t)
+    for (std::size_t s = 0; s < batch[t].size(); ++s)
+      if (batch.round_of(t, s) == static_cast<int>(r))
+        counts.push_back(round_part_bytes(batch[t], s, me) /
+                         static_cast<std::size_t>(batch[t].src().elem_bytes()));
+  return [counts = std::move(counts)](std::size_t t) {
+    return t < counts.size() ? std::optional(counts[t]) : std::nullopt;
+  };
 }
 
 // The first tensor with a step in round r, -1 if none.
@@ -602,7 +671,11 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
             break;
           case StepKind::all_reduce:
             round_recv = static_cast<std::int64_t>(total);
-            if (reduces_round_by_messages(batch, r, reduce_messages)) {
+            // From the tensors' buffers, the staged partials of this member's slices take as
+            // much as the packed block would; packed, the partials of its slice come beside it.
+            if (reduces_round_by_messages(batch, r, reduce_messages) &&
+                !all_reduces_from_buffers(total, g, batched_all_to_all, batched_all_gather,
+                                          round_part_counts(batch, r, me))) {
               // The partials of this member's slice (all_reduce_by_messages).
               const auto t0 = static_cast<std::size_t>(first_tensor_of_round(batch, r));
               const auto e = static_cast<std::size_t>(batch[t0].src().elem_bytes());
@@ -617,8 +690,8 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
             if (!reduces_round_by_messages(batch, r, reduce_messages)) {
               round_send = static_cast<std::int64_t>(g * total);
               round_recv = static_cast<std::int64_t>(total);
-            } else if (g * total >= batched_all_to_all) {  // the partials only
-              round_recv = static_cast<std::int64_t>(g * total);
+            } else if (g * total >= batched_all_to_all) {  // the partials only, send side
+              round_send = static_cast<std::int64_t>(g * total);
             } else {
               round_send = static_cast<std::int64_t>(g * total);
               round_recv = static_cast<std::int64_t>((g - 1) * total);
@@ -657,7 +730,9 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
 // BatchedAllToAll backend an all-to-all round packs nothing (on MPI, from 512 KiB of packed
 // pieces up), nor does a reduce-scatter round by messages (on MPI, from 1 MiB packed), which
 // stages the g partials of this member's pieces (g - 1 beside the packed block elsewhere); on
-// a BatchedAllGather backend an all-gather round packs nothing (on MPI, from 512 KiB gathered).
+// a BatchedAllGather backend an all-gather round packs nothing (on MPI, from 512 KiB gathered),
+// and on one with both an all-reduce round by messages whose blocks cut into g equal slices
+// stages the partials of this member's slices only.
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),

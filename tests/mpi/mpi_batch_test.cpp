@@ -180,19 +180,29 @@ int main(int argc, char** argv) {
     verdicts.agree(fmt::format("a layer of 4 tensors gathered in place, {} rows per rank", rows),
                    problem.empty(), problem);
   }
-  // A layer's gradients reduce-scattered together, f32 and bf16 rounds: by the collective when
-  // small, and by messages from the tensors' buffers when large (from 1 MiB of packed block,
-  // MpiBackend::reduce_messages_bytes; each rank's pieces sent where they lie by one batched
-  // all-to-all, the partials reduced into the targets).
-  for (const std::int64_t rows : {8, 4096}) {
-    const DeviceMesh mesh({world_size});
+  // A layer's gradients reduce-scattered (1-D) or all-reduced (2-D, mesh dim 0) together, f32
+  // and bf16 rounds: by the collective when small, and by messages when large (from 1 MiB of
+  // packed block, MpiBackend::reduce_messages_bytes): from the tensors' buffers (each rank's
+  // pieces sent where they lie by one batched all-to-all, the partials reduced into the targets,
+  // an all-reduce's slices then gathered by one batched all-gather), or packed where a block of
+  // an all-reduce does not cut into equal slices (odd columns).
+  struct Grads {
+    const char *mesh, *from, *to;
+    std::int64_t rows, cols;
+  };
+  for (const Grads& c : {Grads{"8", "P", "S(0)", 8, 16}, Grads{"8", "P", "S(0)", 4096, 16},
+                         Grads{"2x4", "P,R", "R,R", 8, 16}, Grads{"2x4", "P,R", "R,R", 4096, 16},
+                         Grads{"2x4", "P,R", "R,R", 4095, 3}}) {
+    const DeviceMesh mesh = parse_mesh(c.mesh);
+    if (mesh.size() != world_size) continue;
+    const std::int64_t rows = c.rows;
     MpiBackend backend(mesh);
     std::vector<Redistribution> grads;
     for (int t = 0; t < 4; ++t) {
-      const Shape shape{rows * world_size * (1 + t % 2), 16 + 8 * t};
+      const Shape shape{rows * world_size * (1 + t % 2) + (c.cols % 2), c.cols + 8 * t};
       const DType dtype = t < 2 ? DType::f32 : DType::bf16;
-      grads.push_back({Layout(mesh, parse_placements("P"), shape, dtype),
-                       Layout(mesh, parse_placements("S(0)"), shape, dtype)});
+      grads.push_back({Layout(mesh, parse_placements(c.from), shape, dtype),
+                       Layout(mesh, parse_placements(c.to), shape, dtype)});
     }
     const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(grads));
     std::vector<std::vector<std::byte>> in, out;
@@ -213,7 +223,8 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       problem = e.what();
     }
-    verdicts.agree(fmt::format("a layer's gradients reduce-scattered, {} rows per rank", rows),
+    verdicts.agree(fmt::format("a layer's gradients, {} -> {} on {}, {} rows per rank, {} columns",
+                               c.from, c.to, c.mesh, rows, c.cols),
                    problem.empty(), problem);
   }
   // A batched execute() while an execution is still to start operations on the backend: refused
