@@ -23,14 +23,16 @@ namespace {
 
 using namespace dtensor;
 
-// A random tensor on `mesh` whose target has no Partial (so each rank can check its own block).
-Redistribution random_tensor(std::mt19937& rng, const DeviceMesh& mesh) {
+// A random tensor on `mesh` whose target has no Partial (so each rank can check its own block),
+// its dim 0 `scale` times as long as drawn.
+Redistribution random_tensor(std::mt19937& rng, const DeviceMesh& mesh, std::int64_t scale = 1) {
   auto pick = [&](int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng); };
   const int ndim = 1 + pick(2);
   Shape shape;
   for (int d = 0; d < ndim; ++d)
     shape.push_back(
-        std::array<std::int64_t, 6>{1, 3, 7, 8, 16, 64}[static_cast<std::size_t>(pick(6))]);
+        std::array<std::int64_t, 6>{1, 3, 7, 8, 16, 64}[static_cast<std::size_t>(pick(6))] *
+        (d == 0 ? scale : 1));
   const DType dtypes[] = {DType::f32, DType::i64, DType::bf16, DType::i32};
   const DType dtype = dtypes[pick(4)];
   auto placements = [&](bool partial) {
@@ -89,6 +91,12 @@ int main(int argc, char** argv) {
     for (int size : {1, 3, 16}) {
       batches.emplace_back();
       for (int t = 0; t < size; ++t) batches.back().push_back(random_tensor(rng, mesh));
+    }
+    // Large ones too (dim 0 up to 16 Ki), whose rounds run from the tensors' buffers
+    // (MpiBackend::batched_all_to_all_bytes, batched_all_gather_bytes, reduce_messages_bytes).
+    for (int b = 0; b < 2; ++b) {
+      batches.emplace_back();
+      for (int t = 0; t < 16; ++t) batches.back().push_back(random_tensor(rng, mesh, 256));
     }
     // All-to-alls of four tensors on the innermost mesh dim, row and column pieces: one round,
     // which MPI packs when it is small and runs from the tensors' own buffers (BatchedAllToAll,
