@@ -74,6 +74,40 @@ std::string check(const BatchPlan<16>& batch, const std::vector<std::vector<std:
   return "";
 }
 
+// This rank's source blocks of the global view and zeroed targets, one per tensor of `batch`,
+// and the buffers execute() takes over them.
+struct Blocks {
+  std::vector<std::vector<std::byte>> in, out;
+  std::vector<TensorBuffers> buffers;
+};
+Blocks blocks_of(const BatchPlan<16>& batch, int rank) {
+  Blocks b;
+  for (const Plan& p : batch) {
+    detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+      const std::vector<T> block = global_view_block<T>(p.src(), rank);
+      b.in.emplace_back(reinterpret_cast<const std::byte*>(block.data()),
+                        reinterpret_cast<const std::byte*>(block.data() + block.size()));
+    });
+    b.out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(rank)));
+  }
+  for (std::size_t t = 0; t < batch.size(); ++t)
+    b.buffers.push_back({b.in[t].data(), b.in[t].size(), b.out[t].data(), b.out[t].size()});
+  return b;
+}
+
+// Runs `batch` over `buffers` and says what differs between the results in `out` and this
+// rank's blocks of the global view, or the error the run gave ("" if neither).
+std::string run_and_check(const BatchPlan<16>& batch, MpiBackend& backend,
+                          const std::vector<TensorBuffers>& buffers,
+                          const std::vector<std::vector<std::byte>>& out, int rank) {
+  try {
+    execute(batch, backend, std::span<const TensorBuffers>(buffers));
+    return check(batch, out, rank);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,26 +160,8 @@ int main(int argc, char** argv) {
       const int size = static_cast<int>(tensors.size());
       for (const BatchSchedule how : {BatchSchedule::fused, BatchSchedule::fewest_calls}) {
         const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors, {}, how));
-        std::vector<std::vector<std::byte>> in, out;
-        std::vector<TensorBuffers> buffers;
-        for (std::size_t t = 0; t < batch->size(); ++t) {
-          const Layout& src = (*batch)[t].src();
-          detail::visit_dtype(src.dtype(), [&]<class T>() {
-            const std::vector<T> block = global_view_block<T>(src, world_rank);
-            in.emplace_back(reinterpret_cast<const std::byte*>(block.data()),
-                            reinterpret_cast<const std::byte*>(block.data() + block.size()));
-          });
-          out.emplace_back(static_cast<std::size_t>((*batch)[t].dst().local_bytes(world_rank)));
-        }
-        for (std::size_t t = 0; t < batch->size(); ++t)
-          buffers.push_back({in[t].data(), in[t].size(), out[t].data(), out[t].size()});
-        std::string problem;
-        try {
-          execute(*batch, backend, std::span<const TensorBuffers>(buffers));
-          problem = check(*batch, out, world_rank);
-        } catch (const std::exception& e) {
-          problem = e.what();
-        }
+        const Blocks b = blocks_of(*batch, world_rank);
+        const std::string problem = run_and_check(*batch, backend, b.buffers, b.out, world_rank);
         verdicts.agree(fmt::format("mesh {}, batch of {} ({} rounds, {})", spelling, size,
                                    batch->collectives(),
                                    how == BatchSchedule::fused ? "fused" : "fewest calls"),
@@ -178,13 +194,7 @@ int main(int argc, char** argv) {
       });
       buffers.push_back({slot, piece, whole.back().data(), whole.back().size()});
     }
-    std::string problem;
-    try {
-      execute(*batch, backend, std::span<const TensorBuffers>(buffers));
-      problem = check(*batch, whole, world_rank);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
+    const std::string problem = run_and_check(*batch, backend, buffers, whole, world_rank);
     verdicts.agree(fmt::format("a layer of 4 tensors gathered in place, {} rows per rank", rows),
                    problem.empty(), problem);
   }
@@ -213,24 +223,8 @@ int main(int argc, char** argv) {
                        Layout(mesh, parse_placements(c.to), shape, dtype)});
     }
     const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(grads));
-    std::vector<std::vector<std::byte>> in, out;
-    std::vector<TensorBuffers> buffers;
-    for (const Plan& p : *batch) {
-      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
-        const std::vector<T> block = global_view_block<T>(p.src(), world_rank);
-        in.emplace_back(reinterpret_cast<const std::byte*>(block.data()),
-                        reinterpret_cast<const std::byte*>(block.data() + block.size()));
-      });
-      out.emplace_back(static_cast<std::size_t>(p.dst().local_bytes(world_rank)));
-      buffers.push_back({in.back().data(), in.back().size(), out.back().data(), out.back().size()});
-    }
-    std::string problem;
-    try {
-      execute(*batch, backend, std::span<const TensorBuffers>(buffers));
-      problem = check(*batch, out, world_rank);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
+    const Blocks b = blocks_of(*batch, world_rank);
+    const std::string problem = run_and_check(*batch, backend, b.buffers, b.out, world_rank);
     verdicts.agree(fmt::format("a layer's gradients, {} -> {} on {}, {} rows per rank, {} columns",
                                c.from, c.to, c.mesh, rows, c.cols),
                    problem.empty(), problem);

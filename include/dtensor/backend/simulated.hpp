@@ -265,11 +265,7 @@ class BasicSimulatedBackend {
                        std::to_string(sent);
         }
       }
-    if (!mismatch.empty()) {
-      sync(m, g, 2);
-      world_->abort();
-      throw error(mismatch);
-    }
+    refuse_together(m, g, mismatch);
     for (int j = 0; j < g.size; ++j) {
       const std::span<const AllToAllPart> theirs = m.parts[static_cast<std::size_t>(j)];
       for (std::size_t t = 0; t < parts.size(); ++t) {
@@ -315,11 +311,7 @@ class BasicSimulatedBackend {
                      std::to_string(sent);
       }
     }
-    if (!mismatch.empty()) {
-      sync(m, g, 2);
-      world_->abort();
-      throw error(mismatch);
-    }
+    refuse_together(m, g, mismatch);
     for (int j = 0; j < g.size; ++j) {
       const std::span<const AllGatherPart> theirs = m.gathered[static_cast<std::size_t>(j)];
       for (std::size_t t = 0; t < parts.size(); ++t) {
@@ -397,6 +389,16 @@ class BasicSimulatedBackend {
     }
     sync(m, all, 2);
     world_->count(rank_, sent, received, me == 0);
+  }
+
+  // After a batched collective's members compared their parts (each finds the same `mismatch`,
+  // "" when they match): meets the group once more, so that none reads another's parts after
+  // that one has left, then aborts the world with the mismatch.
+  void refuse_together(Meeting& m, const MeshGroup& g, const std::string& mismatch) {
+    if (mismatch.empty()) return;
+    sync(m, g, 2);
+    world_->abort();
+    throw error(mismatch);
   }
 
   // Meets the group: deposits this rank's fence token for `phase`, waits for every member, and
