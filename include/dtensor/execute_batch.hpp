@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
-#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -206,17 +205,13 @@ void all_reduce_by_messages(B& backend, int k, std::byte* packed, std::size_t co
 // Whether a batch's all-reduce round by messages of `total` bytes per member on a group of `g`
 // runs from the tensors' buffers (run_round) on a backend with both batched all-to-alls (from
 // `all_to_all_from` bytes) and batched all-gathers (from `all_gather_from`): every tensor's
-// block, of count(t) elements for t = 0, 1, ... until none, cuts into g equal slices. The same
-// on every member of the group, whose blocks are alike.
-template <class Count>
-bool all_reduces_from_buffers(std::size_t total, std::size_t g, std::size_t all_to_all_from,
-                              std::size_t all_gather_from, Count count) {
-  if (g < 2 || total < all_to_all_from || total < all_gather_from) return false;
-  for (std::size_t t = 0;; ++t) {
-    const std::optional<std::size_t> n = count(t);
-    if (!n) return true;
-    if (*n % g != 0) return false;
-  }
+// block, of `counts` elements, cuts into g equal slices. The same on every member of the
+// group, whose blocks are alike.
+inline bool all_reduces_from_buffers(std::size_t total, std::size_t g, std::size_t all_to_all_from,
+                                     std::size_t all_gather_from,
+                                     const std::vector<std::size_t>& counts) {
+  return g > 1 && total >= all_to_all_from && total >= all_gather_from &&
+         std::all_of(counts.begin(), counts.end(), [g](std::size_t n) { return n % g == 0; });
 }
 
 // Runs the parked operations `ops` of one round as one backend call, packing in `buffers`; a
@@ -490,12 +485,10 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     }
     case Kind::all_reduce: {  // in place
       if constexpr (BatchedAllToAll<B> && BatchedAllGather<B>) {
-        if (reduce_by_messages &&
-            all_reduces_from_buffers(total, g, batched_all_to_all_from<B>(),
-                                     batched_all_gather_from<B>(), [&](std::size_t t) {
-                                       return t < ops.size() ? std::optional(ops[t]->n)
-                                                             : std::nullopt;
-                                     })) {
+        std::vector<std::size_t> counts;
+        for (const ParkedOp* o : ops) counts.push_back(o->n);
+        if (reduce_by_messages && all_reduces_from_buffers(total, g, batched_all_to_all_from<B>(),
+                                                           batched_all_gather_from<B>(), counts)) {
           // The two rounds from the tensors' buffers: each tensor's block cut in g equal
           // slices, member j's slice of every tensor sent to it by one batched all-to-all
           // (the g partials of this member's slice of tensor t side by side at off[t] in the
@@ -590,19 +583,18 @@ std::size_t round_member_bytes(const BatchPlan<N>& batch, std::size_t r, const M
   return total;
 }
 
-// The elements of each part of round r on the rank at `me`, in tensor order (a function of the
-// part's index: nullopt past the last), as run_round sees the parked operations' counts.
+// The elements of each part of round r on the rank at `me`, in tensor order, as run_round sees
+// the parked operations' counts.
 template <std::size_t N>
-auto round_part_counts(const BatchPlan<N>& batch, std::size_t r, const MeshCoord& me) {
+std::vector<std::size_t> round_part_counts(const BatchPlan<N>& batch, std::size_t r,
+                                           const MeshCoord& me) {
   std::vector<std::size_t> counts;
   for (std::size_t t = 0; t < batch.size(); ++t)
     for (std::size_t s = 0; s < batch[t].size(); ++s)
       if (batch.round_of(t, s) == static_cast<int>(r))
         counts.push_back(round_part_bytes(batch[t], s, me) /
                          static_cast<std::size_t>(batch[t].src().elem_bytes()));
-  return [counts = std::move(counts)](std::size_t t) {
-    return t < counts.size() ? std::optional(counts[t]) : std::nullopt;
-  };
+  return counts;
 }
 
 // The first tensor with a step in round r, -1 if none.
@@ -687,15 +679,14 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batche
             }
             break;
           case StepKind::reduce_scatter:
-            if (!reduces_round_by_messages(batch, r, reduce_messages)) {
-              round_send = static_cast<std::int64_t>(g * total);
+            // The packed block, or by messages from the tensors' buffers the g partials of
+            // this member's pieces, on the send side; received, this member's block, or by
+            // messages from the packed block the partials of the others.
+            round_send = static_cast<std::int64_t>(g * total);
+            if (!reduces_round_by_messages(batch, r, reduce_messages))
               round_recv = static_cast<std::int64_t>(total);
-            } else if (g * total >= batched_all_to_all) {  // the partials only, send side
-              round_send = static_cast<std::int64_t>(g * total);
-            } else {
-              round_send = static_cast<std::int64_t>(g * total);
+            else if (g * total < batched_all_to_all)
               round_recv = static_cast<std::int64_t>((g - 1) * total);
-            }
             break;
           default:
             if (g * total < batched_all_to_all)
