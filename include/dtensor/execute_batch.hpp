@@ -485,8 +485,8 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     }
     case Kind::all_reduce: {  // in place
       if constexpr (BatchedAllToAll<B> && BatchedAllGather<B>) {
-        std::vector<std::size_t> counts;
-        for (const ParkedOp* o : ops) counts.push_back(o->n);
+        std::vector<std::size_t> counts(ops.size());
+        for (std::size_t t = 0; t < ops.size(); ++t) counts[t] = ops[t]->n;
         if (reduce_by_messages && all_reduces_from_buffers(total, g, batched_all_to_all_from<B>(),
                                                            batched_all_gather_from<B>(), counts)) {
           // The two rounds from the tensors' buffers: each tensor's block cut in g equal
