@@ -343,6 +343,32 @@ TEST_CASE("strided pieces packed by the round, on backends with and without stri
     }
 }
 
+namespace {
+
+// A batch of one round of `kind` on mesh dim 1 of 2x4, whose steps hold no scratch of their
+// own: on the simulated backend (which runs the round from the tensors' buffers) it holds no
+// scratch at all, and on a packing backend what workspace_bytes(batch) plans; the global view
+// on every rank both ways.
+void check_round_from_buffers(const BatchPlan<8>& b, StepKind kind) {
+  REQUIRE(b.collectives() == 1);
+  REQUIRE(b.rounds()[0].kind == kind);
+  CHECK(workspace_bytes<SimulatedBackend>(b) == 0);
+  CHECK(workspace_bytes(b) > 0);
+  const BatchVerification v = verify_batch_on_simulator(b);
+  INFO(v.difference);
+  CHECK(v.verified);
+  CHECK(v.collectives == 2);  // one per group of mesh dim 1
+  for (const bool packing : {false, true}) {
+    const auto [most, wrong, planned] = run_batch(b, packing ? Via::packing : Via::simulated);
+    CHECK(wrong.empty());
+    INFO("packing backend: " << packing);
+    CHECK(most == (packing ? workspace_bytes(b) : 0));
+    CHECK(planned == most);
+  }
+}
+
+}  // namespace
+
 TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a backend that can",
           "[batch][strided]") {
   // Sequence parallelism's all-to-alls (seed 002) for several tensors at once: row pieces and
@@ -355,23 +381,7 @@ TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a bac
       pair(mesh, "R,S(0)", "R,S(1)", {16, 8}), pair(mesh, "R,S(1)", "R,S(0)", {8, 16}, DType::bf16),
       pair(mesh, "S(1),S(0)", "S(1),S(2)", {4, 6, 8}, DType::i64),
       pair(mesh, "R,S(0)", "R,S(1)", {32, 4}, DType::f16)};
-  const BatchPlan<8> b = plan_batch<8>(tensors);
-  REQUIRE(b.collectives() == 1);
-  REQUIRE(b.rounds()[0].kind == StepKind::all_to_all);
-  // Each tensor's step holds no scratch of its own, so the round is all there is.
-  CHECK(workspace_bytes<SimulatedBackend>(b) == 0);
-  CHECK(workspace_bytes(b) > 0);
-  const BatchVerification v = verify_batch_on_simulator(b);
-  INFO(v.difference);
-  CHECK(v.verified);
-  CHECK(v.collectives == 2);  // one all-to-all per group of mesh dim 1
-  for (const bool packing : {false, true}) {
-    const auto [most, wrong, planned] = run_batch(b, packing ? Via::packing : Via::simulated);
-    CHECK(wrong.empty());
-    INFO("packing backend: " << packing);
-    CHECK(most == (packing ? workspace_bytes(b) : 0));
-    CHECK(planned == most);
-  }
+  check_round_from_buffers(plan_batch<8>(tensors), StepKind::all_to_all);
 }
 
 TEST_CASE("an all-gather round gathers every tensor into its own buffers, on a backend that can",
@@ -387,23 +397,7 @@ TEST_CASE("an all-gather round gathers every tensor into its own buffers, on a b
       pair(mesh, "R,S(0)", "R,R", {16, 8}), pair(mesh, "R,S(1)", "R,R", {8, 16}, DType::bf16),
       pair(mesh, "S(1),S(2)", "S(1),R", {4, 6, 8}, DType::i64),
       pair(mesh, "R,S(0)", "R,R", {32, 4}, DType::f16)};
-  const BatchPlan<8> b = plan_batch<8>(tensors);
-  REQUIRE(b.collectives() == 1);
-  REQUIRE(b.rounds()[0].kind == StepKind::all_gather);
-  // Each tensor's step holds no scratch of its own, so the round is all there is.
-  CHECK(workspace_bytes<SimulatedBackend>(b) == 0);
-  CHECK(workspace_bytes(b) > 0);
-  const BatchVerification v = verify_batch_on_simulator(b);
-  INFO(v.difference);
-  CHECK(v.verified);
-  CHECK(v.collectives == 2);  // one all-gather per group of mesh dim 1
-  for (const bool packing : {false, true}) {
-    const auto [most, wrong, planned] = run_batch(b, packing ? Via::packing : Via::simulated);
-    CHECK(wrong.empty());
-    INFO("packing backend: " << packing);
-    CHECK(most == (packing ? workspace_bytes(b) : 0));
-    CHECK(planned == most);
-  }
+  check_round_from_buffers(plan_batch<8>(tensors), StepKind::all_gather);
 }
 
 TEST_CASE("batches refuse what they cannot run", "[batch][errors]") {
