@@ -415,6 +415,7 @@ class MpiBackend {
     return start_batched(mesh_dim, parts.size(), [&](bool receive, std::size_t j, std::size_t t) {
       const AllToAllPart& p = parts[t];
       const StridedPieces runs = receive ? p.received : p.sent;
+      if (runs.piece_bytes() == 0) return BatchedPiece{};  // (its buffers may be null)
       return BatchedPiece{
           static_cast<const std::byte*>(receive ? p.recv : p.send) + j * runs.run_bytes, runs};
     });
@@ -427,6 +428,7 @@ class MpiBackend {
     return start_batched(mesh_dim, parts.size(), [&](bool receive, std::size_t j, std::size_t t) {
       const AllGatherPart& p = parts[t];
       const StridedPieces runs = p.received;
+      if (runs.piece_bytes() == 0) return BatchedPiece{};  // (its buffers may be null)
       auto* slot = static_cast<std::byte*>(p.recv) + j * runs.run_bytes;
       if (j == me && p.send == slot && !needs_type(runs)) return BatchedPiece{};  // in place
       if (receive) return BatchedPiece{slot, runs};

@@ -316,9 +316,10 @@ class BasicSimulatedBackend {
       const std::span<const AllGatherPart> theirs = m.gathered[static_cast<std::size_t>(j)];
       for (std::size_t t = 0; t < parts.size(); ++t) {
         const std::size_t piece = parts[t].received.piece_bytes();
+        if (piece == 0) continue;  // (its buffers may be null)
         auto* to = static_cast<std::byte*>(parts[t].recv) +
                    static_cast<std::size_t>(j) * parts[t].received.run_bytes;
-        if (piece == 0 || theirs[t].send == to) continue;  // in place: already there
+        if (theirs[t].send == to) continue;  // in place: already there
         copy_runs(theirs[t].send, {1, piece, piece}, to, parts[t].received, piece);
       }
     }
