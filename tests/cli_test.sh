@@ -33,9 +33,12 @@ check "memory bounded" 0 "$tool" --mesh 2x2 --shape 8x16 --from 'S(0),S(0)' --to
   --memory bounded
 expect_in "memory bounded" "blocks between steps within both ends"
 expect_in "memory bounded" "(within the larger of each rank's source and target blocks there)"
-check "scratch over the ends" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'S(0),P(sum)' \
+check "scratch in rounds" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'S(0),P(sum)' \
   --to 'S(1),S(1)' --memory bounded
-expect_in "scratch over the ends" "384 B on MPI and the simulator (over the larger"
+expect_in "scratch in rounds" "256 B on MPI and the simulator (within the larger"
+check "scratch over the ends" 0 "$tool" --mesh 2x4 --shape 7x10 --from 'P(sum),P(max)' \
+  --to 'R,S(1)' --memory bounded
+expect_in "scratch over the ends" "448 B on MPI and the simulator (over the larger"
 check "in place" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'R,R'
 expect_in "in place" "runs in place (one buffer for source and target)"
 check "in place json" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'R,R' --json

@@ -471,6 +471,7 @@ struct SimulatedRun {
   std::vector<std::vector<std::byte>> results;  // per mesh index
   std::vector<RankBytes> measured;
   std::vector<std::int64_t> scratch_peak;
+  std::int64_t collectives = 0;  // collective calls per group and point-to-point rounds
 };
 
 template <class T>
@@ -502,6 +503,7 @@ SimulatedRun run_simulated(const Plan& plan, bool packing) {
     run.results.emplace_back(bytes, bytes + out[i].size() * sizeof(T));
     run.measured.push_back(world.bytes(mesh.rank_at(static_cast<int>(i))));
   }
+  run.collectives = world.collectives();
   return run;
 }
 
@@ -603,7 +605,11 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
                         {"2x4", "S(1),R", "R,S(1)", {8, 16}, Memory::any},  // exchange
                         {"2x2", "P,S(0)", "S(1),S(0)", {8, 12}, Memory::any},
                         {"2", "P", "S(1)", {7, 9}, Memory::bounded},  // exact, own partial in place
-                        {"2x2", "S(0),P", "S(1),S(1)", {8, 16}, Memory::bounded}};
+                        {"2x2", "S(0),P", "S(1),S(1)", {8, 16}, Memory::bounded},
+                        // reduce-scatters of 4 members in 3 rounds (reduces_in_rounds)
+                        {"2x4", "S(0),P", "S(1),S(1)", {8, 16}, Memory::bounded},
+                        {"2x4", "S(1),P(max)", "S(0),S(1)", {8, 16}, Memory::bounded},
+                        {"4", "P", "S(1)", {8, 16}, Memory::bounded}};  // from the source
   for (const Case& c : cases)
     for (DType dtype : {DType::f32, DType::bf16, DType::i64}) {
       const DeviceMesh mesh = parse_mesh(c.mesh);
@@ -626,6 +632,13 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
       // only its block (both ends' size).
       if (c.mesh == "2") CHECK(strided_most == 0);
       if (c.mesh == "2x2" && c.from == "S(0),P") CHECK(strided_most <= src.max_local_bytes());
+      // In rounds, each partial received into the target or a slot of the block already sent:
+      // nothing beyond the block, which is within the source's size.
+      if (c.mesh == "2x4" && c.memory == Memory::bounded) {
+        CHECK(strided_most <= src.max_local_bytes());
+        CHECK(strided.collectives == 4 + 3);  // an all-to-all in 4 groups, then 3 rounds
+      }
+      if (c.mesh == "4" && c.shape == Shape{8, 16}) CHECK(strided.collectives == 3);
     }
   // Dim 0 cut 2 and 1: the reduce-scatter's pieces are slabs on some ranks and not on others,
   // and every rank still takes the same round (found by the fuzzer).
@@ -682,28 +695,30 @@ TEST_CASE("a backend's large reductions run as point-to-point rounds", "[execute
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4})};
   int runs = 0, by_messages = 0;
+  // Under Memory::bounded the reduce-scatters of 4 members run in 3 rounds (reduces_in_rounds).
   for (const DeviceMesh& m : meshes)
     testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
-      for (const Shape& shape : {Shape{16, 8}, Shape{8, 32}, Shape{5, 7}}) {
-        const Plan plan =
-            plan_redistribute(Layout(m, a, shape, DType::f32), Layout(m, b, shape, DType::f32));
-        bool reduces = false;
-        for (const Step& step : plan)
-          reduces =
-              reduces || step.kind == StepKind::reduce_scatter || step.kind == StepKind::all_reduce;
-        if (!reduces) continue;
-        MessageScatterBackend::calls = 0;
-        const Verification v =
-            detail::verify_typed<float>(plan, &run_scattering_by_messages<float, false>);
-        INFO(fmt::format("{} {} {} -> {}: {}", m, shape, a, b, v.difference));
-        CHECK(v.verified);
-        const Verification va =
-            detail::verify_typed<float>(plan, &run_scattering_by_messages<float, true>);
-        CHECK(va.verified);
-        CHECK(va.results == v.results);
-        ++runs;
-        if (MessageScatterBackend::calls == 0) ++by_messages;
-      }
+      for (const Shape& shape : {Shape{16, 8}, Shape{8, 32}, Shape{5, 7}})
+        for (const Memory memory : {Memory::any, Memory::bounded}) {
+          const Plan plan = plan_redistribute(Layout(m, a, shape, DType::f32),
+                                              Layout(m, b, shape, DType::f32), {.memory = memory});
+          bool reduces = false;
+          for (const Step& step : plan)
+            reduces = reduces || step.kind == StepKind::reduce_scatter ||
+                      step.kind == StepKind::all_reduce;
+          if (!reduces) continue;
+          MessageScatterBackend::calls = 0;
+          const Verification v =
+              detail::verify_typed<float>(plan, &run_scattering_by_messages<float, false>);
+          INFO(fmt::format("{} {} {} -> {}: {}", m, shape, a, b, v.difference));
+          CHECK(v.verified);
+          const Verification va =
+              detail::verify_typed<float>(plan, &run_scattering_by_messages<float, true>);
+          CHECK(va.verified);
+          CHECK(va.results == v.results);
+          ++runs;
+          if (MessageScatterBackend::calls == 0) ++by_messages;
+        }
     });
   CHECK(by_messages > 100);
   WARN(fmt::format("{} plans with a reduce-scatter or an all-reduce, {} with every one by messages",

@@ -12,6 +12,7 @@
 #include "../plan.hpp"
 #include "link.hpp"
 #include "reduce_exchange.hpp"
+#include "step_runners.hpp"
 #include "task.hpp"
 
 // The driver of asynchronous runs. MPI matches collectives on a communicator by the order they
@@ -27,20 +28,6 @@ namespace dtensor::detail {
 
 template <class B>
 void start_parked(ExecutionQueue& queue);
-
-// The operations a plan starts on its link: one per communication step, two for an exchange
-// from a Partial (its parts reduced, then delivered) and for an all-reduce of blocks of
-// `reduce_messages` bytes and up (reduce_messages_from: a reduce-scatter then an all-gather).
-inline int link_operations(const Plan& plan, std::size_t reduce_messages) {
-  int n = 0;
-  for (const Step& s : plan)
-    if (moves_data(s.kind))
-      n += (s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) ||
-                   (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, reduce_messages))
-               ? 2
-               : 1;
-  return n;
-}
 
 // One execute_async run: the plan (a copy, so the caller's may go), its coroutine, and the
 // operation it waits for. It stays where it is made (its queue and coroutine point at it):
@@ -58,7 +45,7 @@ struct Running final : InFlight {
   Task<void> task;
 
   Running(B& b, const Plan& p)
-      : backend(b), plan(p), operations(link_operations(p, reduce_messages_from(b))) {
+      : backend(b), plan(p), operations(link_operations(p, backend_abilities(b))) {
     started_all = operations == 0;
   }
   Running(const Running&) = delete;

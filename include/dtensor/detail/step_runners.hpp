@@ -46,6 +46,9 @@ struct StepContext {
   // of the step is cut to them.
   bool banded = false;
   Range band{};
+  // The block the step reads may be overwritten once read (it lies in scratch or in the
+  // caller's target, not in the caller's source): reduces_in_rounds receives into it.
+  bool block_writable = false;
 };
 
 inline std::size_t bytes_of(const Box& b, std::size_t elem) {
@@ -385,6 +388,73 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
   co_return b.allocated();
 }
 
+// Whether a reduce-scatter runs as one point-to-point round (run_exchange_reduce) rather than
+// the native collective: its pieces are uneven and unpadded, or, on a link that moves strided
+// messages, they need not be slabs of the block (a tensor dim before the scattered one is
+// longer than 1), so that they go where they lie instead of packed (the native collective
+// packs the block, the round stages the partials of all but this member's piece), or its blocks
+// are at least the backend's reduce_messages_bytes. The choice is the same on every
+// rank: it reads only the step, the global shape and the first rank's block.
+// (`even`: the step's, step_is_even.)
+inline bool scatters_by_messages(const Plan& plan, const Step& step, bool even, LinkAbilities a) {
+  if (step.padded) return false;
+  if (!even) return true;
+  if (reduces_at_least(plan, step, a.reduce_messages_from)) return true;
+  if (!a.strided_exchange) return false;
+  const int j_dim = step.after[step.mesh_dim].dim();
+  for (int d = 0; d < j_dim; ++d)
+    if (plan.src().global_shape()[d] > 1) return true;
+  return false;
+}
+inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
+  return scatters_by_messages(c.plan, c.step, c.even, a);
+}
+
+// Whether a reduce-scatter run as point-to-point messages (run_exchange_reduce) runs as g - 1
+// rounds of one message each way instead of one round (under Memory::bounded): in round s each
+// member sends member me+s its partial of that member's piece and receives member me-s's partial
+// of its own. A member whose block it may overwrite (StepContext::block_writable) receives the
+// first into its target and each later one into the slot of the piece it sent the round before,
+// so that it stages nothing where one round stages g - 2 partials. For even pieces (a slot holds
+// a piece) sent from where they lie (a link with strided messages, or slabs of every block), at
+// least 3 members, on a link that may take several calls for a step (not a batch's round). Every
+// rank decides alike, from the step, the options and the global shape: the rounds meet the mesh.
+// (`even`: the step's, step_is_even.)
+inline bool reduces_in_rounds(const Plan& plan, const Step& step, bool even, LinkAbilities a) {
+  if (plan.options().memory != Memory::bounded || !even || a.one_call_per_step ||
+      step.kind != StepKind::reduce_scatter)
+    return false;
+  const int k = step.mesh_dim;
+  if (plan.src().mesh().size(k) < 3 || !scatters_by_messages(plan, step, even, a)) return false;
+  if (a.strided_exchange) return true;
+  const int j_dim = step.after[k].dim();
+  for (int d = 0; d < j_dim; ++d)
+    if (plan.src().global_shape()[d] > 1) return false;
+  return true;
+}
+inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
+  return !c.messages && reduces_in_rounds(c.plan, c.step, c.even, a);
+}
+
+// The operations a plan starts on a link with abilities `a`: one per communication step, two
+// for an exchange from a Partial (its parts reduced, then delivered) and for an all-reduce by
+// messages (all_reduces_by_messages: a reduce-scatter then an all-gather), g - 1 for a
+// reduce-scatter in rounds (reduces_in_rounds).
+inline int link_operations(const Plan& plan, LinkAbilities a) {
+  int n = 0;
+  for (const Step& s : plan) {
+    if (!moves_data(s.kind)) continue;
+    if ((s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) ||
+        (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from)))
+      n += 2;
+    else if (reduces_in_rounds(plan, s, step_is_even(plan, s), a))
+      n += plan.src().mesh().size(s.mesh_dim) - 1;
+    else
+      n += 1;
+  }
+  return n;
+}
+
 // A reduction as one point-to-point round (run_exchange_reduce): where its pieces go, and its
 // staging, the pieces packed to send and the partials received. Where `slabs`, the pieces are
 // slabs of the block: sent as they lie, and this member's own partial is reduced from the block.
@@ -398,6 +468,8 @@ struct ExchangeReduceWay : Staging {
   bool slabs = false;
   bool strided = false;
   bool own_in_place = false;    // the own partial reduced from the block (slabs, or strided runs)
+  bool rounds = false;          // g - 1 rounds of one message each way (reduces_in_rounds)
+  bool into_slots = false;      // the partials received into the block's sent slots: no staging
   PieceRuns own_runs;           // where the own partial lies in the block (strided, in place)
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
 };
@@ -418,9 +490,11 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
     w.own_in_place = own.has_value();
     if (own) w.own_runs = *own;
   }
+  w.rounds = reduces_in_rounds(c, a);
+  w.into_slots = w.rounds && c.block_writable && w.own_in_place && (slabs || w.strided);
   w.at = packed_offsets(c, piece_of);
   w.send = slabs || w.strided ? 0 : w.at.back();
-  w.recv = bytes_of(c.want, c.elem) * (w.own_in_place ? g - 2 : g - 1);
+  w.recv = w.into_slots ? 0 : bytes_of(c.want, c.elem) * (w.own_in_place ? g - 2 : g - 1);
   w.use_spare(c.spare_bytes);
   return w;
 }
@@ -448,9 +522,25 @@ void reduce_with_runs(const Ops& ops, DType dtype, std::byte* out,
   }
 }
 
+// out = the reduction, in order, of `parts`, each one run per row of `runs`: part j at
+// parts[j] + row * runs.stride_bytes where strided[j], else contiguous (each run one row).
+template <class Ops>
+void reduce_rows(const Ops& ops, DType dtype, std::byte* out, const std::vector<const void*>& parts,
+                 const std::vector<bool>& strided, const StridedPieces& runs, std::size_t elem,
+                 ReduceOp op) {
+  std::vector<const void*> row_parts(parts.size());
+  for (std::size_t row = 0; row < runs.rows; ++row) {
+    for (std::size_t j = 0; j < parts.size(); ++j)
+      row_parts[j] = static_cast<const std::byte*>(parts[j]) +
+                     row * (strided[j] ? runs.stride_bytes : runs.run_bytes);
+    ops.reduce(dtype, out + row * runs.run_bytes, row_parts, runs.run_bytes / elem, op);
+  }
+}
+
 // Each member sends every other member its partial of that member's piece (`piece_of(j)`,
 // inside the block), then reduces the g partials of its own piece (c.want) in group order, so
-// that members with the same piece compute bit-identical values.
+// that members with the same piece compute bit-identical values. In one round, or in g - 1
+// (reduces_in_rounds), where a writable block takes the partials in the slots already sent.
 template <class L, class Ops, class Piece>
 Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext& c,
                                       const std::byte* cur, std::byte* out, bool slabs,
@@ -460,21 +550,57 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   const std::size_t own_bytes = bytes_of(c.want, c.elem);
   const ExchangeReduceWay w = exchange_reduce_way(c, slabs, piece_of, link_abilities(link));
   const StagingBuffers b(ops, w, c.spare);
-  Messages m;
+  // Per member j: its message (this member's partial of j's piece) and where j's partial of this
+  // member's piece is received; parts[j] where the reduction reads it.
+  std::vector<Messages> to(static_cast<std::size_t>(g));
   std::vector<const void*> parts(static_cast<std::size_t>(g));
+  std::vector<bool> strided_part(static_cast<std::size_t>(g), false);
+  auto member = [g, me](int s) { return ((me + s) % g + g) % g; };
+  // The slot of member j's piece in the block, as runs (into_slots; the block is ours).
+  auto slot = [&](int j) {
+    if (slabs) {
+      const std::size_t at = slab_offset(piece_of(j), c.have, c.elem);
+      return PieceRuns{at, {1, own_bytes, own_bytes}};
+    }
+    return *runs_of(piece_of(j), c.have, c.elem);
+  };
   std::size_t next = 0;  // partials staged so far; the first lies in the target (`out`)
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
+    Messages& m = to[u];
     if (j == me && slabs) {
       parts[u] = cur + slab_offset(c.want, c.have, c.elem);
       continue;
     }
-    if (j == me && w.own_in_place) continue;  // reduced from the block, run by run
-    std::byte* partial = next++ == 0 ? out : b.recv + (next - 2) * own_bytes;
-    parts[u] = partial;
-    if (j == me) {
-      copy_piece(ops, cur, c.have, partial, c.want, c.want, c.elem);
+    if (j == me && w.own_in_place) {  // reduced from the block, run by run
+      parts[u] = cur + w.own_runs.offset;
+      strided_part[u] = true;
       continue;
+    }
+    if (j != me && w.into_slots) {
+      // From member me-1 into the target; from member me-s (s >= 2) into the slot of the piece
+      // sent in round s-1, member me+s-1's.
+      const int s = ((me - j) % g + g) % g;  // j = me - s
+      if (s == 1) {
+        parts[u] = out;
+        if (own_bytes) m.recv(global_rank(c, j), out, own_bytes);
+      } else {
+        const PieceRuns r = slot(member(s - 1));
+        // The block is scratch or the caller's target (block_writable), never the source.
+        // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast)
+        auto* at = const_cast<std::byte*>(cur) + r.offset;
+        parts[u] = at;
+        strided_part[u] = !slabs;
+        if (own_bytes) m.recv(global_rank(c, j), at, r.runs);
+      }
+    } else {
+      std::byte* partial = next++ == 0 ? out : b.recv + (next - 2) * own_bytes;
+      parts[u] = partial;
+      if (j == me) {
+        copy_piece(ops, cur, c.have, partial, c.want, c.want, c.elem);
+        continue;
+      }
+      if (own_bytes) m.recv(global_rank(c, j), partial, own_bytes);
     }
     const Box aj = piece_of(j);
     if (aj.empty()) {
@@ -487,14 +613,33 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
       copy_piece(ops, cur, c.have, b.send + w.at[u], aj, aj, c.elem);
       m.send(global_rank(c, j), b.send + w.at[u], w.at[u + 1] - w.at[u]);
     }
-    if (own_bytes) m.recv(global_rank(c, j), partial, own_bytes);
   }
-  co_await send_and_receive(link, m);
+  if (w.rounds) {
+    // Round s: the message to member me+s, the partial from member me-s.
+    for (int s = 1; s < g; ++s) {
+      Messages round;
+      const Messages& out_to = to[static_cast<std::size_t>(member(s))];
+      const Messages& in_from = to[static_cast<std::size_t>(member(-s))];
+      round.sends = out_to.sends;
+      round.recvs = in_from.recvs;
+      co_await send_and_receive(link, round);
+    }
+  } else {
+    Messages all;
+    for (const Messages& m : to) {
+      all.sends.insert(all.sends.end(), m.sends.begin(), m.sends.end());
+      all.recvs.insert(all.recvs.end(), m.recvs.begin(), m.recvs.end());
+    }
+    co_await send_and_receive(link, all);
+  }
   const DType dtype = c.plan.src().dtype();
   const ReduceOp op = c.step.before[k].reduce_op();
-  if (slabs || !w.own_in_place) {
+  if (own_bytes == 0) co_return b.allocated();
+  if (w.into_slots && !slabs) {
+    reduce_rows(ops, dtype, out, parts, strided_part, w.own_runs.runs, c.elem, op);
+  } else if (slabs || !w.own_in_place) {
     ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
-  } else if (own_bytes != 0) {
+  } else {
     reduce_with_runs(ops, dtype, out, parts, static_cast<std::size_t>(me), cur + w.own_runs.offset,
                      w.own_runs.runs, c.elem, op);
   }
@@ -522,24 +667,6 @@ inline ScatterWay scatter_way(const StepContext& c) {
   w.recv = w.whole ? 0 : w.piece_bytes;
   w.use_spare(c.spare_bytes);
   return w;
-}
-
-// Whether a reduce-scatter runs as one point-to-point round (run_exchange_reduce) rather than
-// the native collective: its pieces are uneven and unpadded, or, on a link that moves strided
-// messages, they need not be slabs of the block (a tensor dim before the scattered one is
-// longer than 1), so that they go where they lie instead of packed (the native collective
-// packs the block, the round stages the partials of all but this member's piece), or its blocks
-// are at least the backend's reduce_messages_bytes. The choice is the same on every
-// rank: it reads only the step, the global shape and the first rank's block.
-inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
-  if (c.step.padded) return false;
-  if (!c.even) return true;
-  if (reduces_at_least(c.plan, c.step, a.reduce_messages_from)) return true;
-  if (!a.strided_exchange) return false;
-  const int j_dim = c.step.after[c.step.mesh_dim].dim();
-  for (int d = 0; d < j_dim; ++d)
-    if (c.plan.src().global_shape()[d] > 1) return true;
-  return false;
 }
 
 template <class L, class Ops>
@@ -1283,11 +1410,18 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     auto staging_of = [&](const StepContext& x) {
       return fused ? 0 : rows > 0 ? banded_staging(x, rows, a) : step_staging(x, a);
     };
+    // A reduce-scatter in rounds stages less where it may write its block (block_writable:
+    // after the first stage, not a view, which may be of the source).
+    const bool rounds = !fused && reduces_in_rounds(c, a);
+    StepContext writable = c;
+    writable.block_writable = true;
     const std::size_t staging = staging_of(c);
+    const std::size_t staging_writable = rounds ? staging_of(writable) : staging;
     const bool in_place = !fused && rows == 0 && runs_in_place(c);
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
-    c.spare_bytes = target;  // the target free during the stage: its room is spare
+    c.spare_bytes = writable.spare_bytes = target;  // the target free during the stage: spare
     const std::size_t staging_spare = staging_of(c);
+    const std::size_t staging_spare_writable = rounds ? staging_of(writable) : staging_spare;
     const std::size_t staging_spare_in_place = in_place ? step_staging(c, a, true) : 0;
     const std::size_t block = bytes_of(c.want, elem);
     const std::uint32_t bit = 1u << stage.last;
@@ -1307,10 +1441,12 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
       if (last ? t == scratch : t == in_target && block > target) continue;
       for (int s : {scratch, in_target, view}) {
         if (!states[s].reachable || (s == in_target && t == in_target && !in_place)) continue;
-        const std::size_t held = states[s].held + (t == scratch ? block : 0) +
-                                 (s == in_target ? t == in_target ? staging_in_place : staging
-                                  : t == scratch ? staging_spare
-                                                 : staging);
+        const bool w = i > 0 && s != view;
+        const std::size_t held =
+            states[s].held + (t == scratch ? block : 0) +
+            (s == in_target ? t == in_target ? staging_in_place : staging_writable
+             : t == scratch ? (w ? staging_spare_writable : staging_spare)
+                            : (w ? staging_writable : staging));
         consider(t, states[s], held, 0, 0, t == scratch ? block : 0);
       }
       // In place in the scratch of the block before (not the source: i > 0), the target spare.
@@ -1389,6 +1525,8 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
   for (std::size_t stage = 0; stage < n; ++stage) {
     const std::size_t first = stages[stage].first, i = stages[stage].last;
     StepContext c = step_context(plan, i, me, (point_to_point >> i & 1u) != 0);
+    // The block is scratch or the target after the first stage, unless a view (place_blocks).
+    c.block_writable = stage > 0 && (placed.views >> stages[stage - 1].last & 1u) == 0;
     if ((placed.views >> i & 1u) != 0) {  // a slab of the block before, read where it lies
       if (!c.want.empty()) cur += slab_offset(c.want, c.have, elem);
       continue;
