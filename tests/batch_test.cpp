@@ -7,12 +7,16 @@
 #include "random_redistribution.hpp"
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <mutex>
 #include <random>
+#include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 using namespace dtensor;
@@ -175,6 +179,68 @@ TEST_CASE("FSDP: a layer's parameters gathered in one collective per step", "[ba
   INFO(vp.difference);
   CHECK(vp.verified);
   CHECK(vp.collectives == 1);
+}
+
+namespace {
+// Whether execute_async takes a batch of this kind: an lvalue, not a temporary (which would be
+// gone before the execution finishes).
+template <class Batch>
+concept AsyncTakes = requires(Batch&& batch, SimulatedBackend& b,
+                              std::span<const TensorBuffers> buffers) {
+  execute_async(std::forward<Batch>(batch), b, buffers);
+};
+static_assert(AsyncTakes<const BatchPlan<4>&> && !AsyncTakes<BatchPlan<4>>);
+}  // namespace
+
+TEST_CASE("execute_async runs a batch: at once where the backend is not asynchronous", "[batch]") {
+  // On the simulator (no start_* operations) the batch has run when execute_async returns, with
+  // the results and scratch of execute(); MPI's asynchronous batches: tests/mpi/mpi_batch_test.
+  const DeviceMesh m({4});
+  std::vector<Redistribution> layer{pair(m, "S(0)", "R", {64, 8}), pair(m, "S(1)", "R", {4, 32}),
+                                    pair(m, "S(0)", "R", {7, 3}, DType::bf16)};
+  const BatchPlan<4> b = plan_batch<4>(layer);
+  std::mutex lock;
+  std::vector<std::string> wrong;
+  SimulatedWorld world(m);
+  world.run([&](SimulatedBackend& backend) {
+    const int rank = backend.rank();
+    std::vector<std::vector<std::byte>> in, out[2];
+    std::vector<TensorBuffers> buffers[2];
+    for (const Plan& p : b)
+      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
+        const std::vector<T> v = global_view_block<T>(p.src(), rank);
+        in.emplace_back(reinterpret_cast<const std::byte*>(v.data()),
+                        reinterpret_cast<const std::byte*>(v.data() + v.size()));
+      });
+    for (int run = 0; run < 2; ++run)
+      for (std::size_t t = 0; t < b.size(); ++t) {
+        out[run].emplace_back(static_cast<std::size_t>(b[t].dst().local_bytes(rank)));
+        buffers[run].push_back(
+            {in[t].data(), in[t].size(), out[run][t].data(), out[run][t].size()});
+      }
+    ExecuteStats stats;
+    execute(b, backend, std::span<const TensorBuffers>(buffers[0]), &stats);
+    Execution<SimulatedBackend> e =
+        execute_async(b, backend, std::span<const TensorBuffers>(buffers[1]));
+    const bool done = e.test();
+    e.wait();
+    const std::scoped_lock guard(lock);
+    if (!done) wrong.push_back(fmt::format("rank {}: not done at once", rank));
+    if (e.scratch_peak_bytes() != stats.scratch_peak_bytes)
+      wrong.push_back(fmt::format("rank {}: scratch {} against {}", rank, e.scratch_peak_bytes(),
+                                  stats.scratch_peak_bytes));
+    for (std::size_t t = 0; t < b.size(); ++t) {
+      const std::vector<std::byte> want = detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
+        const std::vector<T> v = global_view_block<T>(b[t].dst(), rank);
+        return std::vector<std::byte>(reinterpret_cast<const std::byte*>(v.data()),
+                                      reinterpret_cast<const std::byte*>(v.data() + v.size()));
+      });
+      if (out[0][t] != want || out[1][t] != want)
+        wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
+    }
+  });
+  INFO(fmt::format("{}", fmt::join(wrong, "; ")));
+  CHECK(wrong.empty());
 }
 
 TEST_CASE("gradients reduced together: one all-reduce per dtype, or one message round", "[batch]") {

@@ -206,14 +206,17 @@ struct AllToAllPart {
 // buffer per side where a backend lacks it). `all_to_all_batched(mesh_dim, parts)` is
 // all_to_all_strided(mesh_dim, parts[t].send, parts[t].recv, parts[t].sent, parts[t].received)
 // for every t, as one collective: every member passes as many parts, and part t's pieces have
-// the same piece_bytes() on every member. Blocking only: batched execution is. A backend may
-// declare `static constexpr std::size_t batched_all_to_all_bytes`: rounds of fewer packed bytes
-// (all members) are packed as on a backend without it.
+// the same piece_bytes() on every member. An AsyncBackend also starts it (for a batch's
+// execute_async): `start_all_to_all_batched`, same arguments, the parts' buffers left alone until
+// it has finished. A backend may declare `static constexpr std::size_t batched_all_to_all_bytes`:
+// rounds of fewer packed bytes (all members) are packed as on a backend without it.
 template <class B>
 concept BatchedAllToAll = Backend<B> &&
     requires(B& b, int mesh_dim, std::span<const AllToAllPart> parts) {
   b.all_to_all_batched(mesh_dim, parts);
-};
+} &&(!AsyncBackend<B> || requires(B & b, int mesh_dim, std::span<const AllToAllPart> parts) {
+  { b.start_all_to_all_batched(mesh_dim, parts) } -> std::same_as<typename B::Request>;
+});
 
 // A backend that receives an all-gather's pieces where they go, without unpacking them
 // (optional: execute() gathers into staging and unpacks where a backend lacks it).
@@ -245,14 +248,17 @@ struct AllGatherPart {
 // and unpacks the gathered blocks where a backend lacks it). `all_gather_batched(mesh_dim,
 // parts)` is all_gather_strided(mesh_dim, parts[t].send, parts[t].recv, parts[t].received) for
 // every t, as one collective: every member passes as many parts, and part t's pieces have the
-// same piece_bytes() on every member. Blocking only. A backend may declare `static constexpr
+// same piece_bytes() on every member. An AsyncBackend also starts it:
+// `start_all_gather_batched`, same arguments. A backend may declare `static constexpr
 // std::size_t batched_all_gather_bytes`: rounds of fewer gathered bytes (all members) are packed
 // as on a backend without it.
 template <class B>
 concept BatchedAllGather = Backend<B> &&
     requires(B& b, int mesh_dim, std::span<const AllGatherPart> parts) {
   b.all_gather_batched(mesh_dim, parts);
-};
+} &&(!AsyncBackend<B> || requires(B & b, int mesh_dim, std::span<const AllGatherPart> parts) {
+  { b.start_all_gather_batched(mesh_dim, parts) } -> std::same_as<typename B::Request>;
+});
 
 namespace detail {
 // Copies `bytes` bytes laid out as the runs of `from_runs` at `from` (run r at r * stride_bytes)

@@ -185,6 +185,10 @@ void check_span_dtype(const Plan& plan, B& backend) {
 template <Backend B>
 class Execution;
 
+namespace detail {
+struct ExecutionAccess;
+}  // namespace detail
+
 template <Backend B>
 Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::size_t src_bytes,
                            void* dst, std::size_t dst_bytes);
@@ -283,6 +287,7 @@ class [[nodiscard]] Execution {
 
  private:
   friend Execution execute_async<B>(const Plan&, B&, const void*, std::size_t, void*, std::size_t);
+  friend struct detail::ExecutionAccess;
   struct Enqueued {
     std::optional<decltype(std::declval<B&>().record())> fence;
   };
@@ -302,6 +307,24 @@ class [[nodiscard]] Execution {
   std::int64_t scratch_peak_ = 0;
 };
 
+namespace detail {
+// How other forms of execute_async (a batch's, execute_batch.hpp) make an Execution.
+struct ExecutionAccess {
+  template <Backend B>
+  static Execution<B> make() {
+    return Execution<B>();
+  }
+  template <Backend B>
+  static auto& state(Execution<B>& e) {
+    return e.state_;
+  }
+  template <Backend B>
+  static std::int64_t& scratch_peak(Execution<B>& e) {
+    return e.scratch_peak_;
+  }
+};
+}  // namespace detail
+
 // Starts `plan` on this rank and returns while it runs: the same arguments and checks as
 // execute(), and the same order rule (every rank starts its executions on a backend in the same
 // order), but `src` and `dst` must stay valid and untouched until the execution has finished.
@@ -314,7 +337,7 @@ Execution<B> execute_async(const Plan& plan, B& backend, const void* src, std::s
   Execution<B> e;
   if constexpr (AsyncBackend<B>) {
     auto running = std::make_unique<detail::Running<B>>(backend, plan);
-    running->task = detail::run_plan(running->plan, detail::Link<B>{backend, running.get()}, me,
+    running->task = detail::run_plan(*running->plan, detail::Link<B>{backend, running.get()}, me,
                                      static_cast<const std::byte*>(src),
                                      static_cast<std::byte*>(dst), &running->scratch_peak);
     ExecutionQueue& queue = backend.executions();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -182,9 +183,10 @@ constexpr std::size_t batched_all_gather_from() {
 // partials of this member's slice in the send packing buffer and reduced here in group order,
 // then all-gathered. What execute()'s run_all_reduce_by_messages does for one tensor.
 template <class B>
-void all_reduce_by_messages(B& backend, int k, std::byte* packed, std::size_t count,
-                            std::size_t elem, DType dtype, ReduceOp op,
-                            PackingBuffers<B>& buffers) {
+Task<void> all_reduce_by_messages(Link<B> link, int k, std::byte* packed, std::size_t count,
+                                  std::size_t elem, DType dtype, ReduceOp op,
+                                  PackingBuffers<B>& buffers) {
+  B& backend = link.backend;
   const MeshGroup group = backend.mesh().group(backend.rank(), k);
   const int g = group.size;
   const auto n = static_cast<std::int64_t>(count);
@@ -195,11 +197,11 @@ void all_reduce_by_messages(B& backend, int k, std::byte* packed, std::size_t co
   const SliceRounds r = all_reduce_slice_rounds(packed, packed, n, g, group.index, elem, staged,
                                                 [&](int j) { return group.rank(j); });
   const ContiguousMessages scatter = contiguous(r.scatter), gather = contiguous(r.gather);
-  backend.exchange(scatter.sends, scatter.recvs);
+  co_await link.exchange(scatter.sends, scatter.recvs);
   if (r.own.size != 0)
     local_ops_of(backend).reduce(dtype, packed + static_cast<std::size_t>(r.own.start) * elem,
                                  r.parts, static_cast<std::size_t>(r.own.size), op);
-  backend.exchange(gather.sends, gather.recvs);
+  co_await link.exchange(gather.sends, gather.recvs);
 }
 
 // Whether a batch's all-reduce round by messages of `total` bytes per member on a group of `g`
@@ -214,12 +216,13 @@ inline bool all_reduces_from_buffers(std::size_t total, std::size_t g, std::size
          std::all_of(counts.begin(), counts.end(), [g](std::size_t n) { return n % g == 0; });
 }
 
-// Runs the parked operations `ops` of one round as one backend call, packing in `buffers`; a
-// reduce-scatter or all-reduce round as point-to-point rounds where `reduce_by_messages`
-// (reduces_round_by_messages).
+// Runs the parked operations `ops` of one round as one operation of `link`, packing in
+// `buffers`; a reduce-scatter or all-reduce round as point-to-point rounds where
+// `reduce_by_messages` (reduces_round_by_messages): an all-reduce's two (batch_link_operations).
 template <class B>
-void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers,
-               bool reduce_by_messages) {
+Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers,
+                     bool reduce_by_messages) {
+  B& backend = link.backend;
   const auto local = local_ops_of(backend);
   using Packing = PackingBuffers<B>;
   const ParkedOp& first = *ops.front();
@@ -229,30 +232,30 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     const ParkedOp& o = first;
     if constexpr (StridedAllToAll<B>) {
       if (o.kind == Kind::all_to_all) {
-        backend.all_to_all_strided(o.mesh_dim, o.send, o.recv, o.sent, o.received);
-        return;
+        co_await link.all_to_all_strided(o.mesh_dim, o.send, o.recv, o.sent, o.received);
+        co_return;
       }
     }
     if constexpr (StridedAllGather<B>) {
       if (o.kind == Kind::all_gather) {
-        backend.all_gather_strided(o.mesh_dim, o.send, o.recv, o.received);
-        return;
+        co_await link.all_gather_strided(o.mesh_dim, o.send, o.recv, o.received);
+        co_return;
       }
     }
   } else if (ops.size() == 1 && !reduce_by_messages) {  // nothing to pack
     const ParkedOp& o = first;
     switch (o.kind) {
-      case Kind::all_gather: backend.all_gather(o.mesh_dim, o.send, o.recv, o.n); break;
+      case Kind::all_gather: co_await link.all_gather(o.mesh_dim, o.send, o.recv, o.n); break;
       case Kind::reduce_scatter:
-        backend.reduce_scatter(o.mesh_dim, o.send, o.recv, o.n, o.dtype, o.op);
+        co_await link.reduce_scatter(o.mesh_dim, o.send, o.recv, o.n, o.dtype, o.op);
         break;
       case Kind::all_reduce:
-        backend.all_reduce(o.mesh_dim, o.send, o.recv, o.n, o.dtype, o.op);
+        co_await link.all_reduce(o.mesh_dim, o.send, o.recv, o.n, o.dtype, o.op);
         break;
-      case Kind::all_to_all: backend.all_to_all(o.mesh_dim, o.send, o.recv, o.n); break;
-      case Kind::exchange: backend.exchange(o.sends, o.recvs); break;
+      case Kind::all_to_all: co_await link.all_to_all(o.mesh_dim, o.send, o.recv, o.n); break;
+      case Kind::exchange: co_await link.exchange(o.sends, o.recvs); break;
     }
-    return;
+    co_return;
   }
   if (first.kind == Kind::exchange) {
     // One message per peer and direction: each tensor's messages to (from) that peer, in tensor
@@ -319,7 +322,7 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
     for (const ParkedOp* o : ops)
       for (const RecvMessage& m : o->recvs)
         if (m.bytes >= direct) recvs.push_back(m);
-    backend.exchange(sends, recvs);
+    co_await link.exchange(sends, recvs);
     fill = from_at;
     copies.clear();
     for (const ParkedOp* o : ops)
@@ -330,7 +333,7 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
         fill[i] += m.bytes;
       }
     copy_runs(local, std::span<const RunCopy>(copies));
-    return;
+    co_return;
   }
   const int k = first.mesh_dim;
   const auto g = static_cast<std::size_t>(backend.mesh().size(k));
@@ -391,8 +394,8 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
           for (const ParkedOp* o : ops)
             parts.push_back(
                 {o->send, o->recv, o->strided ? o->received : StridedPieces{1, o->n, g * o->n}});
-          backend.all_gather_batched(k, parts);
-          return;
+          co_await link.all_gather_batched(k, parts);
+          co_return;
         }
       }
       // In place: the packed block goes where this member's part of the result goes.
@@ -400,9 +403,9 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
       std::byte* send =
           recv + static_cast<std::size_t>(backend.mesh().group(backend.rank(), k).index) * total;
       pack(send, 1);
-      backend.all_gather(k, send, recv, total);
+      co_await link.all_gather(k, send, recv, total);
       unpack(recv, g);
-      return;
+      co_return;
     }
     case Kind::all_to_all: {
       if constexpr (BatchedAllToAll<B>) {
@@ -414,16 +417,16 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
             parts.push_back({o->send, o->recv, o->strided ? o->sent : contiguous,
                              o->strided ? o->received : contiguous});
           }
-          backend.all_to_all_batched(k, parts);
-          return;
+          co_await link.all_to_all_batched(k, parts);
+          co_return;
         }
       }
       std::byte* send = Packing::at_least(backend, buffers.send, g * total);
       std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
       pack(send, g);
-      backend.all_to_all(k, send, recv, total);
+      co_await link.all_to_all(k, send, recv, total);
       unpack(recv, g);
-      return;
+      co_return;
     }
     case Kind::reduce_scatter: {
       if constexpr (BatchedAllToAll<B>) {
@@ -440,14 +443,14 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
             const StridedPieces pieces{1, piece(t), g * piece(t)};
             parts.push_back({ops[t]->send, staged + g * off[t], pieces, pieces});
           }
-          backend.all_to_all_batched(k, parts);
+          co_await link.all_to_all_batched(k, parts);
           std::vector<const void*> partials(g);
           for (std::size_t t = 0; t < ops.size(); ++t) {
             if (!piece(t)) continue;
             for (std::size_t j = 0; j < g; ++j) partials[j] = staged + g * off[t] + j * piece(t);
             local.reduce(first.dtype, ops[t]->recv, partials, ops[t]->n, first.op);
           }
-          return;
+          co_return;
         }
       }
       std::byte* send = Packing::at_least(backend, buffers.send, g * total);
@@ -472,16 +475,16 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
           recvs.push_back({peer, recv + next * total, total});
           parts[j] = recv + next++ * total;
         }
-        backend.exchange(sends, recvs);
+        co_await link.exchange(sends, recvs);
         local.reduce(first.dtype, recv, parts, total / elem, first.op);
         unpack(recv, 1);
-        return;
+        co_return;
       }
       std::byte* recv = Packing::at_least(backend, buffers.recv, total);
       pack(send, g);
-      backend.reduce_scatter(k, send, recv, total / elem, first.dtype, first.op);
+      co_await link.reduce_scatter(k, send, recv, total / elem, first.dtype, first.op);
       unpack(recv, 1);
-      return;
+      co_return;
     }
     case Kind::all_reduce: {  // in place
       if constexpr (BatchedAllToAll<B> && BatchedAllGather<B>) {
@@ -505,7 +508,7 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
             gather.push_back(
                 {static_cast<std::byte*>(ops[t]->recv) + me * slice, ops[t]->recv, slices});
           }
-          backend.all_to_all_batched(k, scatter);
+          co_await link.all_to_all_batched(k, scatter);
           std::vector<const void*> partials(g);
           for (std::size_t t = 0; t < ops.size(); ++t) {
             const std::size_t slice = piece(t) / g;
@@ -514,20 +517,20 @@ void run_round(B& backend, const std::vector<ParkedOp*>& ops, PackingBuffers<B>&
             local.reduce(first.dtype, static_cast<std::byte*>(ops[t]->recv) + me * slice, partials,
                          ops[t]->n / g, first.op);
           }
-          backend.all_gather_batched(k, gather);
-          return;
+          co_await link.all_gather_batched(k, gather);
+          co_return;
         }
       }
       std::byte* packed = Packing::at_least(backend, buffers.recv, total);
       pack(packed, 1);
       if (reduce_by_messages && g > 1) {
-        all_reduce_by_messages(backend, k, packed, total / elem, elem, first.dtype, first.op,
-                               buffers);
+        co_await all_reduce_by_messages(link, k, packed, total / elem, elem, first.dtype, first.op,
+                                        buffers);
       } else {
-        backend.all_reduce(k, packed, packed, total / elem, first.dtype, first.op);
+        co_await link.all_reduce(k, packed, packed, total / elem, first.dtype, first.op);
       }
       unpack(packed, 1);
-      return;
+      co_return;
     }
     case Kind::exchange: break;
   }
@@ -766,74 +769,163 @@ void check_batch_buffers_apart(const BatchPlan<N>& batch, std::span<const Tensor
 
 }  // namespace detail
 
+namespace detail {
+
+// The operations a batch's run starts on its link (the Running's count): one per round, two for
+// an all-reduce round by messages (reduces_round_by_messages: its slices scattered, then
+// gathered), as run_round issues them.
+template <std::size_t N>
+int batch_link_operations(const BatchPlan<N>& batch, std::size_t reduce_messages) {
+  int n = 0;
+  for (std::size_t r = 0; r < batch.rounds().size(); ++r)
+    n += batch.rounds()[r].kind == StepKind::all_reduce &&
+                 reduces_round_by_messages(batch, r, reduce_messages)
+             ? 2
+             : 1;
+  return n;
+}
+
+// The checks of a batched run on this rank, before anything moves: the buffers' count, each
+// tensor's buffers (check_run) and their overlaps. Every tensor's coordinates on this rank.
+template <Backend B, std::size_t N>
+std::vector<MeshCoord> checked_batch(const BatchPlan<N>& batch, B& backend,
+                                     std::span<const TensorBuffers> buffers) {
+  std::vector<MeshCoord> me;
+  aborting_on_error(backend, [&] {
+    if (buffers.size() != batch.size()) fail<why::batch_buffer_count>(batch.size(), buffers.size());
+    for (std::size_t t = 0; t < batch.size(); ++t)
+      me.push_back(check_run(batch[t], backend, buffers[t].src, buffers[t].src_bytes,
+                             buffers[t].dst, buffers[t].dst_bytes));
+    check_batch_buffers_apart(batch, buffers, backend.rank(), me);
+  });
+  return me;
+}
+
+// A batched run on this rank over `link` (blocking, or the asynchronous run it belongs to):
+// every tensor's steps run as in execute() on a BatchLink, parking at each of its rounds; each
+// round then runs as one operation of the link (run_round) and its tensors resume. Writes the
+// scratch held at once, the tensors' peaks and the packing together, to `*scratch_peak` (when
+// given). The frame holds its own copy of the buffers; the batch must outlive it.
+template <class B, std::size_t N>
+Task<void> run_batch(const BatchPlan<N>& batch, Link<B> link, std::vector<TensorBuffers> buffers,
+                     std::vector<MeshCoord> me, std::int64_t* scratch_peak) {
+  const std::size_t n = batch.size();
+  const std::size_t reduce_messages = reduce_messages_from(link.backend);
+  std::vector<ParkedOp> slots(n);
+  std::vector<std::int64_t> peaks(n, 0);
+  std::vector<Task<void>> tasks;
+  tasks.reserve(n);
+  PackingBuffers<B> packing;
+  for (std::size_t t = 0; t < n; ++t) {
+    tasks.push_back(run_plan(batch[t], BatchLink<B>{link.backend, &slots[t]}, me[t],
+                             static_cast<const std::byte*>(buffers[t].src),
+                             static_cast<std::byte*>(buffers[t].dst), &peaks[t],
+                             messages_of(batch, t)));
+    tasks.back().handle().resume();  // its local steps, up to its first round
+    if (tasks.back().done()) tasks.back().result();
+  }
+  std::vector<std::size_t> next(n, 0);  // each tensor's next step
+  std::vector<ParkedOp*> round;
+  for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
+    round.clear();
+    for (std::size_t t = 0; t < n; ++t) {
+      const Plan& p = batch[t];
+      while (next[t] < p.size() && batch.round_of(t, next[t]) < 0) ++next[t];
+      if (next[t] == p.size() || batch.round_of(t, next[t]) != static_cast<int>(r)) continue;
+      if (!slots[t].parked) fail<why::batch_internal>(t, r);
+      round.push_back(&slots[t]);
+      ++next[t];
+    }
+    if (round.empty()) fail<why::batch_internal>(n, r);
+    co_await run_round(link, round, packing, reduces_round_by_messages(batch, r, reduce_messages));
+    for (ParkedOp* op : round) {
+      op->parked = false;
+      const auto t = static_cast<std::size_t>(op - slots.data());
+      op->step.resume();  // its local steps, up to its next round or its end
+      if (tasks[t].done()) tasks[t].result();
+    }
+  }
+  for (std::size_t t = 0; t < n; ++t) {
+    if (!tasks[t].done()) fail<why::batch_internal>(t, batch.rounds().size());
+    tasks[t].result();
+  }
+  if (scratch_peak != nullptr) {
+    auto held = static_cast<std::int64_t>(packing.size());
+    for (std::int64_t p : peaks) held += p;
+    *scratch_peak = held;
+  }
+}
+
+}  // namespace detail
+
+template <Backend B, std::size_t N>
+Execution<B> execute_async(const BatchPlan<N>& batch, B& backend,
+                           std::span<const TensorBuffers> buffers);
+
 // Runs the batched plan on this rank (backend.rank()): buffers[t] holds tensor t's blocks, as
 // execute() takes them for batch[t]. Each round is one backend call on packed buffers, so the
-// batch pays one collective's latency per round instead of one per tensor and step. Blocking:
-// every execution in flight on the backend must have started its operations (wait() for
-// them). `stats` (when given) gets the scratch held at once by all the tensors' steps and the
-// packing of the largest round together, an upper bound of the peak.
+// batch pays one collective's latency per round instead of one per tensor and step. Every rank
+// of the mesh runs the same batch in the same order as its other executions on this backend;
+// with executions in flight that have not started all their operations, it runs as
+// execute_async(...).wait(). `stats` (when given) gets the scratch held at once by all the
+// tensors' steps and the packing of the largest round together, an upper bound of the peak.
 template <Backend B, std::size_t N>
 void execute(const BatchPlan<N>& batch, B& backend, std::span<const TensorBuffers> buffers,
              ExecuteStats* stats = nullptr) {
-  std::vector<MeshCoord> me;
-  detail::aborting_on_error(backend, [&] {
-    if (buffers.size() != batch.size())
-      detail::fail<detail::why::batch_buffer_count>(batch.size(), buffers.size());
-    if constexpr (AsyncBackend<B>)
-      if (!detail::all_started()) detail::fail<detail::why::batch_while_async>();
-    for (std::size_t t = 0; t < batch.size(); ++t)
-      me.push_back(detail::check_run(batch[t], backend, buffers[t].src, buffers[t].src_bytes,
-                                     buffers[t].dst, buffers[t].dst_bytes));
-    detail::check_batch_buffers_apart(batch, buffers, backend.rank(), me);
-  });
-  const std::size_t n = batch.size();
-  const std::size_t reduce_messages = detail::reduce_messages_from(backend);
-  std::vector<detail::ParkedOp> slots(n);
-  std::vector<std::int64_t> peaks(n, 0);
-  std::vector<detail::Task<void>> tasks;
-  tasks.reserve(n);
-  detail::PackingBuffers<B> packing;
-  detail::aborting_on_error(backend, [&] {
-    for (std::size_t t = 0; t < n; ++t) {
-      tasks.push_back(detail::run_plan(batch[t], detail::BatchLink<B>{backend, &slots[t]}, me[t],
-                                       static_cast<const std::byte*>(buffers[t].src),
-                                       static_cast<std::byte*>(buffers[t].dst), &peaks[t],
-                                       detail::messages_of(batch, t)));
-      tasks.back().handle().resume();  // its local steps, up to its first round
-      if (tasks.back().done()) tasks.back().result();
+  if constexpr (AsyncBackend<B>) {
+    if (!detail::all_started()) {
+      Execution<B> e = execute_async(batch, backend, buffers);
+      e.wait();
+      if (stats != nullptr) stats->scratch_peak_bytes = e.scratch_peak_bytes();
+      return;
     }
-    std::vector<std::size_t> next(n, 0);  // each tensor's next step
-    std::vector<detail::ParkedOp*> round;
-    for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
-      round.clear();
-      for (std::size_t t = 0; t < n; ++t) {
-        const Plan& p = batch[t];
-        while (next[t] < p.size() && batch.round_of(t, next[t]) < 0) ++next[t];
-        if (next[t] == p.size() || batch.round_of(t, next[t]) != static_cast<int>(r)) continue;
-        if (!slots[t].parked) detail::fail<detail::why::batch_internal>(t, r);
-        round.push_back(&slots[t]);
-        ++next[t];
-      }
-      if (round.empty()) detail::fail<detail::why::batch_internal>(n, r);
-      detail::run_round(backend, round, packing,
-                        detail::reduces_round_by_messages(batch, r, reduce_messages));
-      for (detail::ParkedOp* op : round) {
-        op->parked = false;
-        const auto t = static_cast<std::size_t>(op - slots.data());
-        op->step.resume();  // its local steps, up to its next round or its end
-        if (tasks[t].done()) tasks[t].result();
-      }
-    }
-    for (std::size_t t = 0; t < n; ++t) {
-      if (!tasks[t].done()) detail::fail<detail::why::batch_internal>(t, batch.rounds().size());
-      tasks[t].result();
-    }
-  });
-  if (stats != nullptr) {
-    auto held = static_cast<std::int64_t>(packing.size());
-    for (std::int64_t p : peaks) held += p;
-    stats->scratch_peak_bytes = held;
   }
+  std::vector<MeshCoord> me = detail::checked_batch(batch, backend, buffers);
+  detail::Task<void> run = detail::run_batch(
+      batch, detail::Link<B>{backend}, std::vector<TensorBuffers>(buffers.begin(), buffers.end()),
+      std::move(me), stats != nullptr ? &stats->scratch_peak_bytes : nullptr);
+  run.handle().resume();  // blocking operations: it runs to the end without suspending
+  detail::aborting_on_error(backend, [&] { run.result(); });
 }
+
+// Starts the batched plan on this rank and returns while it runs: the same arguments, checks and
+// order rule as execute(batch, ...), as execute_async(plan, ...) is to execute(plan, ...). The
+// batch and every tensor's buffers must stay valid, and the buffers untouched, until the
+// execution has finished (a temporary batch is refused at compile time). On MPI its rounds are
+// nonblocking collectives started in turn with the other executions on the backend, so that a
+// layer's parameters gather while the caller computes; on NCCL it is enqueued on the stream;
+// otherwise it has run when this returns.
+template <Backend B, std::size_t N>
+Execution<B> execute_async(const BatchPlan<N>& batch, B& backend,
+                           std::span<const TensorBuffers> buffers) {
+  std::vector<MeshCoord> me = detail::checked_batch(batch, backend, buffers);
+  Execution<B> e = detail::ExecutionAccess::make<B>();
+  if constexpr (AsyncBackend<B>) {
+    auto running = std::make_unique<detail::Running<B>>(
+        backend,
+        detail::batch_link_operations(batch, detail::reduce_messages_from(std::as_const(backend))));
+    running->task = detail::run_batch(batch, detail::Link<B>{backend, running.get()},
+                                      std::vector<TensorBuffers>(buffers.begin(), buffers.end()),
+                                      std::move(me), &running->scratch_peak);
+    ExecutionQueue& queue = backend.executions();
+    queue.push(running.get());
+    // Its local work up to its first round, which starts now if its turn has come.
+    running->task.handle().resume();
+    if (running->done()) queue.remove(running.get());
+    detail::ExecutionAccess::state(e) = std::move(running);
+  } else {
+    ExecuteStats stats;
+    execute(batch, backend, buffers, &stats);
+    detail::ExecutionAccess::scratch_peak(e) = stats.scratch_peak_bytes;
+    if constexpr (StreamBackend<B>)
+      detail::ExecutionAccess::state(e).fence.emplace(backend.record());
+  }
+  return e;
+}
+
+// A temporary batch would be gone before the execution finishes.
+template <Backend B, std::size_t N>
+Execution<B> execute_async(const BatchPlan<N>&& batch, B& backend,
+                           std::span<const TensorBuffers> buffers) = delete;
 
 }  // namespace dtensor

@@ -4,6 +4,7 @@
 #include <coroutine>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -29,15 +30,17 @@ namespace dtensor::detail {
 template <class B>
 void start_parked(ExecutionQueue& queue);
 
-// One execute_async run: the plan (a copy, so the caller's may go), its coroutine, and the
-// operation it waits for. It stays where it is made (its queue and coroutine point at it):
-// copies are deleted, moves with them, and the implicit destructor is the right one.
+// One execute_async run: the plan (a copy, so the caller's may go; none for a batch, whose
+// coroutine holds what it reads), its coroutine, and the operation it waits for. It stays where
+// it is made (its queue and coroutine point at it): copies are deleted, moves with them, and the
+// implicit destructor is the right one.
 template <class B>
 // NOLINTNEXTLINE(cppcoreguidelines-special-member-functions): see above
 struct Running final : InFlight {
   B& backend;
-  const Plan plan;
-  int operations = 0;  // how many operations the plan starts (link_operations)
+  const std::optional<Plan> plan;
+  // How many operations the run starts (link_operations, batch_link_operations).
+  int operations = 0;
   int started = 0;
   PendingOp<B>* pending = nullptr;  // parked or in flight; null while running or when done
   std::coroutine_handle<> step;     // the coroutine to resume when `pending` finishes
@@ -48,6 +51,8 @@ struct Running final : InFlight {
       : backend(b), plan(p), operations(link_operations(p, backend_abilities(b))) {
     started_all = operations == 0;
   }
+  // A run without a plan of its own (a batch) that starts `n` operations.
+  Running(B& b, int n) : backend(b), operations(n) { started_all = operations == 0; }
   Running(const Running&) = delete;
   Running& operator=(const Running&) = delete;
 
@@ -64,7 +69,7 @@ struct Running final : InFlight {
   void start_pending() {
     try {
       if (started == operations)
-        throw error("execute_async: a plan started more operations than link_operations counts");
+        throw error("execute_async: a run started more operations than it counts");
       pending->request = pending->start(backend);
     } catch (...) {
       pending->error = std::current_exception();

@@ -196,6 +196,35 @@ struct ExchangeStridedCall {
   }
 };
 
+// One all-to-all over several tensors' buffers, on a BatchedAllToAll backend (a batch's round).
+// The parts stay where they are until it finishes (the round that awaits it owns them).
+struct AllToAllBatchedCall {
+  int mesh_dim = 0;
+  std::span<const AllToAllPart> parts;
+  template <class B>
+  void run(B& b) const {
+    b.all_to_all_batched(mesh_dim, parts);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_all_to_all_batched(mesh_dim, parts);
+  }
+};
+
+// One all-gather over several tensors' buffers, on a BatchedAllGather backend.
+struct AllGatherBatchedCall {
+  int mesh_dim = 0;
+  std::span<const AllGatherPart> parts;
+  template <class B>
+  void run(B& b) const {
+    b.all_gather_batched(mesh_dim, parts);
+  }
+  template <class B>
+  auto start(B& b) const {
+    return b.start_all_gather_batched(mesh_dim, parts);
+  }
+};
+
 // A backend for one run: blocking operations, or those of the asynchronous run `running`. Each
 // operation is awaited, `co_await link.all_gather(...)`: one never awaited never runs.
 template <class B>
@@ -236,6 +265,16 @@ struct Link {
   [[nodiscard]] auto all_gather_strided(int k, const void* send, void* recv,
                                         StridedPieces pieces) const requires StridedAllGather<B> {
     return Operation<B, AllGatherStridedCall>(*this, {k, send, recv, pieces});
+  }
+  // Only where the backend runs a batch's all-to-all from the tensors' buffers (BatchedAllToAll).
+  [[nodiscard]] auto all_to_all_batched(int k, std::span<const AllToAllPart> parts) const requires
+      BatchedAllToAll<B> {
+    return Operation<B, AllToAllBatchedCall>(*this, {k, parts});
+  }
+  // Only where the backend runs a batch's all-gather into the tensors' buffers (BatchedAllGather).
+  [[nodiscard]] auto all_gather_batched(int k, std::span<const AllGatherPart> parts) const requires
+      BatchedAllGather<B> {
+    return Operation<B, AllGatherBatchedCall>(*this, {k, parts});
   }
 };
 

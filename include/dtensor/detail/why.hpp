@@ -72,9 +72,6 @@ DTENSOR_WHY(batch_too_many, "a batch holds at most {} tensors, got {}: use a lar
 DTENSOR_WHY(batch_mesh_mismatch,
             "every tensor of a batch lives on one mesh: tensor {} is on {}, tensor 0 on {}");
 DTENSOR_WHY(batch_buffer_count, "the batch has {} tensors but {} buffers were given");
-DTENSOR_WHY(batch_while_async,
-            "a batched execute() runs blocking collectives: wait() for the executions in flight "
-            "on this backend first");
 DTENSOR_WHY(batch_internal, "internal error: tensor {} reached a collective out of its round {}");
 
 DTENSOR_WHY(no_valid_plan, "internal error: the planner found no valid plan");
