@@ -1,18 +1,19 @@
 // fsdp_prefetch: fully sharded data parallel training (seed 001's FSDP) on dtensor plans, with
 // the next layers' all-gathers prefetched while the current layer computes.
 //
-// Every layer's weight W_l [dim, dim] lives as Shard(0) over all ranks of a 1-D mesh "fsdp";
-// each rank trains on its own micro-batch. Per step:
-//   forward   for each layer: all-gather W_l (S(0) -> R), h = tanh(h·W_l), drop the full W_l;
-//   backward  for each layer, last first: all-gather W_l again, dW_l = hᵀ·dz (this rank's part
-//             of the gradient: Partial(avg) over ranks), reduce-scatter it (P(avg) -> S(0)),
-//             dh = dz·W_lᵀ;
-//   update    W_l's shard -= lr · its gradient shard.
-// The all-gathers run through execute_async on one MpiBackend, the reduce-scatters on a
-// second (two queues, as FSDP uses two streams), and the layer's compute polls both between
-// row blocks so that MPI makes progress meanwhile. With prefetch depth d, the all-gathers of
-// the next d layers (in the order the pass needs them) are in flight while a layer computes:
-// more overlap, d more unsharded weights in memory. The seed's own trade-off.
+// Every layer's parameters, a weight W_l [dim, dim] and a bias b_l [dim], live as Shard(0) over
+// all ranks of a 1-D mesh "fsdp"; each rank trains on its own micro-batch. Per step:
+//   forward   for each layer: all-gather W_l and b_l (S(0) -> R, one batch: one all-gather for
+//             both), h = tanh(h·W_l + b_l), drop the full parameters;
+//   backward  for each layer, last first: all-gather them again, dW_l = hᵀ·dz and db_l = the
+//             column sums of dz (this rank's parts of the gradients: Partial(avg) over ranks),
+//             reduce-scatter both (P(avg) -> S(0), one batch), dh = dz·W_lᵀ;
+//   update    each shard -= lr · its gradient shard.
+// The batches run through execute_async on one MpiBackend (the all-gathers) and a second (the
+// reduce-scatters; two queues, as FSDP uses two streams), and the layer's compute polls both
+// between row blocks so that MPI makes progress meanwhile. With prefetch depth d, the
+// all-gathers of the next d layers (in the order the pass needs them) are in flight while a
+// layer computes: more overlap, d more unsharded layers in memory. The seed's own trade-off.
 //
 // The program trains with depth 0, 1 and 2, checks the loss and every weight shard after each
 // step against the same model trained in one process on the whole batch, checks that every
@@ -24,6 +25,7 @@
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
+#include <dtensor/execute_batch.hpp>
 
 #include <fmt/core.h>
 #include <Eigen/Dense>
@@ -46,40 +48,60 @@ using namespace dtensor;
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using MatrixMap = Eigen::Map<Matrix>;
 using ConstMap = Eigen::Map<const Matrix>;
+using ConstRow = Eigen::Map<const Eigen::RowVectorXf>;
 
 struct Options {
   int dim = 256, layers = 6, batch = 16, steps = 3;
   float lr = 0.5f;
 };
 
-// Bytes of unsharded weights alive at once: what prefetching costs.
+// Bytes of unsharded parameters alive at once: what prefetching costs.
 struct MemoryMeter {
   std::int64_t now = 0, peak = 0;
   void add(std::int64_t b) { peak = std::max(peak, now += b); }
   void remove(std::int64_t b) { now -= b; }
 };
 
-// The plans of one layer's weight: gathered for compute, its gradient reduce-scattered.
-struct WeightPlans {
-  Layout sharded;
-  Plan gather;  // S(0) -> R: all-gather
-  Plan reduce;  // P(avg) -> S(0): reduce-scatter of the ranks' gradients, averaged
-  WeightPlans(const DeviceMesh& mesh, int dim)
-      : sharded(mesh, {Shard(0)}, {dim, dim}, DType::f32),
-        gather(plan_redistribute(sharded, sharded.with_placements({Replicate()}))),
-        reduce(plan_redistribute(sharded.with_placements({Partial(ReduceOp::avg)}), sharded)) {}
+// The plans of one layer's parameters, weight then bias: gathered together for compute, their
+// gradients reduce-scattered together (a batch of two tensors: one collective each way).
+struct LayerPlans {
+  Layout weight, bias;  // sharded
+  BatchPlan<2> gather;  // S(0) -> R: one all-gather round
+  BatchPlan<2> reduce;  // P(avg) -> S(0): one reduce-scatter round of the ranks' gradients
+  LayerPlans(const DeviceMesh& mesh, int dim)
+      : weight(mesh, {Shard(0)}, {dim, dim}, DType::f32),
+        bias(mesh, {Shard(0)}, {dim}, DType::f32),
+        gather(plan_batch<2>(
+            std::vector<Redistribution>{{weight, weight.with_placements({Replicate()})},
+                                        {bias, bias.with_placements({Replicate()})}})),
+        reduce(plan_batch<2>(
+            std::vector<Redistribution>{{weight.with_placements({Partial(ReduceOp::avg)}), weight},
+                                        {bias.with_placements({Partial(ReduceOp::avg)}), bias}})) {}
 };
 
-// The all-gathers of full weights, started up to `depth` layers ahead of the one computing.
+// A layer's parameters, or their gradients: weight then bias, as the batches order them.
+struct Params {
+  std::vector<float> weight, bias;
+  // The batch's buffers from these (source) into `to` (target).
+  [[nodiscard]] std::vector<TensorBuffers> into(Params& to) const {
+    return {
+        {weight.data(), weight.size() * sizeof(float), to.weight.data(),
+         to.weight.size() * sizeof(float)},
+        {bias.data(), bias.size() * sizeof(float), to.bias.data(), to.bias.size() * sizeof(float)}};
+  }
+  bool operator==(const Params&) const = default;
+};
+
+// The all-gathers of full parameters, started up to `depth` layers ahead of the one computing.
 class Prefetcher {
  public:
-  Prefetcher(MpiBackend& backend, const WeightPlans& plans,
-             const std::vector<std::vector<float>>& shards, int depth, MemoryMeter& memory)
+  Prefetcher(MpiBackend& backend, const LayerPlans& plans, const std::vector<Params>& shards,
+             int depth, MemoryMeter& memory)
       : backend_(backend), plans_(plans), shards_(shards), depth_(depth), memory_(memory) {}
 
-  // The full weight of layer order[i], once gathered; first starts the all-gathers of the next
-  // `depth` layers of `order`, so that they move while this one computes.
-  const std::vector<float>& get(const std::vector<int>& order, std::size_t i) {
+  // The full parameters of layer order[i], once gathered; first starts the all-gathers of the
+  // next `depth` layers of `order`, so that they move while this one computes.
+  const Params& get(const std::vector<int>& order, std::size_t i) {
     for (std::size_t k = i; k <= i + static_cast<std::size_t>(depth_) && k < order.size(); ++k)
       start(order[k]);
     Slot& s = slots_.at(order[i]);
@@ -89,7 +111,7 @@ class Prefetcher {
     }
     return s.full;
   }
-  // Drops layer l's full weight (FSDP reshards after use).
+  // Drops layer l's full parameters (FSDP reshards after use).
   void release(int l) {
     memory_.remove(bytes());
     slots_.erase(l);
@@ -102,24 +124,27 @@ class Prefetcher {
 
  private:
   struct Slot {
-    std::vector<float> full;
+    Params full;
     std::optional<Execution<MpiBackend>> running;
   };
-  [[nodiscard]] std::int64_t bytes() const { return plans_.gather.dst().local_numel(0) * 4; }
+  [[nodiscard]] std::int64_t bytes() const {
+    return (plans_.gather[0].dst().local_numel(0) + plans_.gather[1].dst().local_numel(0)) * 4;
+  }
 
   void start(int l) {
     if (slots_.contains(l)) return;
-    Slot& s = slots_[l];
-    s.full.resize(static_cast<std::size_t>(plans_.gather.dst().local_numel(backend_.rank())));
+    Slot& s = slots_[l];  // a map's node stays where it is: the batch's targets do too
+    s.full.weight.resize(static_cast<std::size_t>(plans_.gather[0].dst().local_numel(0)));
+    s.full.bias.resize(static_cast<std::size_t>(plans_.gather[1].dst().local_numel(0)));
     memory_.add(bytes());
-    const std::vector<float>& shard = shards_[static_cast<std::size_t>(l)];
-    s.running.emplace(execute_async(plans_.gather, backend_, std::span<const float>(shard),
-                                    std::span<float>(s.full)));
+    const std::vector<TensorBuffers> buffers = shards_[static_cast<std::size_t>(l)].into(s.full);
+    s.running.emplace(
+        execute_async(plans_.gather, backend_, std::span<const TensorBuffers>(buffers)));
   }
 
   MpiBackend& backend_;
-  const WeightPlans& plans_;
-  const std::vector<std::vector<float>>& shards_;
+  const LayerPlans& plans_;
+  const std::vector<Params>& shards_;
   int depth_;
   MemoryMeter& memory_;
   std::map<int, Slot> slots_;
@@ -148,24 +173,37 @@ Matrix random_matrix(int rows, int cols, unsigned seed, float scale) {
 
 struct Result {
   std::vector<float> losses;
-  std::vector<std::vector<float>> shards;  // after the last step
-  double step_seconds = 0;                 // median over steps
+  std::vector<Params> shards;  // after the last step
+  double step_seconds = 0;     // median over steps
   std::int64_t peak_unsharded_bytes = 0;
 };
+
+// Layer l's initial parameters, whole.
+Matrix initial_weight(const Options& o, int l) {
+  return random_matrix(o.dim, o.dim, 100u + static_cast<unsigned>(l),
+                       1.5f / std::sqrt(static_cast<float>(o.dim)));
+}
+Matrix initial_bias(const Options& o, int l) {
+  return random_matrix(1, o.dim, 300u + static_cast<unsigned>(l), 0.1f);
+}
+
+// This rank's shard of a layer's parameters, whole in `weight` and `bias`.
+Params shard_of(const LayerPlans& plans, int rank, const Matrix& weight, const Matrix& bias) {
+  const Box w = plans.weight.local_box(rank), b = plans.bias.local_box(rank);
+  const Matrix rows = weight.middleRows(w.offset[0], w.shape[0]);
+  const Matrix part = bias.middleCols(b.offset[0], b.shape[0]);
+  return {std::vector<float>(rows.data(), rows.data() + rows.size()),
+          std::vector<float>(part.data(), part.data() + part.size())};
+}
 
 // Trains with FSDP on this rank's micro-batch, prefetching `depth` layers ahead.
 Result train_fsdp(const Options& o, const DeviceMesh& mesh, MpiBackend& gather_backend,
                   MpiBackend& reduce_backend, int depth) {
   const int rank = gather_backend.rank(), ranks = mesh.size();
-  const WeightPlans plans(mesh, o.dim);
-  const Box mine = plans.sharded.local_box(rank);
-  std::vector<std::vector<float>> shards;
-  for (int l = 0; l < o.layers; ++l) {
-    const Matrix w = random_matrix(o.dim, o.dim, 100u + static_cast<unsigned>(l),
-                                   1.5f / std::sqrt(static_cast<float>(o.dim)));
-    const Matrix rows = w.middleRows(mine.offset[0], mine.shape[0]);
-    shards.emplace_back(rows.data(), rows.data() + rows.size());
-  }
+  const LayerPlans plans(mesh, o.dim);
+  std::vector<Params> shards;
+  for (int l = 0; l < o.layers; ++l)
+    shards.push_back(shard_of(plans, rank, initial_weight(o, l), initial_bias(o, l)));
   MemoryMeter memory;
   Result result;
   std::vector<double> seconds;
@@ -186,12 +224,11 @@ Result train_fsdp(const Options& o, const DeviceMesh& mesh, MpiBackend& gather_b
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
 
-    Prefetcher weights(gather_backend, plans, shards, depth, memory);
-    std::vector<std::vector<float>> grad_shards(shards.size());
-    std::vector<std::vector<float>> grad_full(shards.size());
+    Prefetcher params(gather_backend, plans, shards, depth, memory);
+    std::vector<Params> grad_shards(shards.size()), grad_full(shards.size());
     std::vector<Execution<MpiBackend>> reducing;
     auto progress = [&] {
-      weights.poll();
+      params.poll();
       for (auto& e : reducing) e.test();
     };
 
@@ -200,11 +237,13 @@ Result train_fsdp(const Options& o, const DeviceMesh& mesh, MpiBackend& gather_b
     h[0] = x;
     for (std::size_t i = 0; i < forward_order.size(); ++i) {
       const int l = forward_order[i];
-      const ConstMap w(weights.get(forward_order, i).data(), o.dim, o.dim);
+      const Params& full = params.get(forward_order, i);
       Matrix z;
-      matmul_polling(h[static_cast<std::size_t>(l)], w, z, progress);
+      matmul_polling(h[static_cast<std::size_t>(l)], ConstMap(full.weight.data(), o.dim, o.dim), z,
+                     progress);
+      z.rowwise() += ConstRow(full.bias.data(), o.dim);
       h[static_cast<std::size_t>(l) + 1] = z.array().tanh().matrix();
-      weights.release(l);
+      params.release(l);
     }
     const Matrix& y = h.back();
     const float n = static_cast<float>(y.size());
@@ -215,23 +254,31 @@ Result train_fsdp(const Options& o, const DeviceMesh& mesh, MpiBackend& gather_b
     for (std::size_t i = 0; i < backward_order.size(); ++i) {
       const int l = backward_order[i];
       const auto u = static_cast<std::size_t>(l);
-      const ConstMap w(weights.get(backward_order, i).data(), o.dim, o.dim);
+      const ConstMap w(params.get(backward_order, i).weight.data(), o.dim, o.dim);
       const Matrix dz = (dh.array() * (1.0f - h[u + 1].array().square())).matrix();
-      grad_full[u].resize(static_cast<std::size_t>(o.dim) * static_cast<std::size_t>(o.dim));
-      MatrixMap(grad_full[u].data(), o.dim, o.dim).noalias() = h[u].transpose() * dz;
-      grad_shards[u].resize(shards[u].size());
-      reducing.push_back(execute_async(plans.reduce, reduce_backend,
-                                       std::span<const float>(grad_full[u]),
-                                       std::span<float>(grad_shards[u])));
+      Params& grad = grad_full[u];
+      grad.weight.resize(static_cast<std::size_t>(o.dim) * static_cast<std::size_t>(o.dim));
+      MatrixMap(grad.weight.data(), o.dim, o.dim).noalias() = h[u].transpose() * dz;
+      grad.bias.resize(static_cast<std::size_t>(o.dim));
+      Eigen::Map<Eigen::RowVectorXf>(grad.bias.data(), o.dim) = dz.colwise().sum();
+      grad_shards[u].weight.resize(shards[u].weight.size());
+      grad_shards[u].bias.resize(shards[u].bias.size());
+      const std::vector<TensorBuffers> buffers = grad.into(grad_shards[u]);
+      reducing.push_back(
+          execute_async(plans.reduce, reduce_backend, std::span<const TensorBuffers>(buffers)));
       if (l > 0) {
         const Matrix w_t = w.transpose();
         matmul_polling(dz, ConstMap(w_t.data(), o.dim, o.dim), dh, progress);
       }
-      weights.release(l);
+      params.release(l);
     }
     for (auto& e : reducing) e.wait();
-    for (std::size_t l = 0; l < shards.size(); ++l)
-      for (std::size_t k = 0; k < shards[l].size(); ++k) shards[l][k] -= o.lr * grad_shards[l][k];
+    for (std::size_t l = 0; l < shards.size(); ++l) {
+      for (std::size_t k = 0; k < shards[l].weight.size(); ++k)
+        shards[l].weight[k] -= o.lr * grad_shards[l].weight[k];
+      for (std::size_t k = 0; k < shards[l].bias.size(); ++k)
+        shards[l].bias[k] -= o.lr * grad_shards[l].bias[k];
+    }
     seconds.push_back(MPI_Wtime() - start);
 
     execute(average, gather_backend, std::span<const float>(loss), std::span<float>(mean_loss));
@@ -245,11 +292,12 @@ Result train_fsdp(const Options& o, const DeviceMesh& mesh, MpiBackend& gather_b
 }
 
 // The same training in one process on the whole batch: the reference.
-Result train_single(const Options& o, int ranks, int rank, const Layout& sharded) {
-  std::vector<Matrix> w;
-  for (int l = 0; l < o.layers; ++l)
-    w.push_back(random_matrix(o.dim, o.dim, 100u + static_cast<unsigned>(l),
-                              1.5f / std::sqrt(static_cast<float>(o.dim))));
+Result train_single(const Options& o, int ranks, int rank, const LayerPlans& plans) {
+  std::vector<Matrix> w, b;
+  for (int l = 0; l < o.layers; ++l) {
+    w.push_back(initial_weight(o, l));
+    b.push_back(initial_bias(o, l));
+  }
   Result result;
   for (int step = 0; step < o.steps; ++step) {
     const Matrix x =
@@ -257,23 +305,28 @@ Result train_single(const Options& o, int ranks, int rank, const Layout& sharded
     const Matrix t =
         random_matrix(o.batch * ranks, o.dim, 2000u + static_cast<unsigned>(step), 0.5f);
     std::vector<Matrix> h{x};
-    for (const Matrix& wl : w) h.push_back((h.back() * wl).array().tanh().matrix());
+    for (std::size_t l = 0; l < w.size(); ++l) {
+      Matrix z = h.back() * w[l];
+      z.rowwise() += b[l].row(0);
+      h.push_back(z.array().tanh().matrix());
+    }
     const float n = static_cast<float>(h.back().size());
     result.losses.push_back((h.back() - t).squaredNorm() / n);
     Matrix dh = 2.0f * (h.back() - t) / n;
-    std::vector<Matrix> grads(w.size());
+    std::vector<Matrix> grads(w.size()), bias_grads(w.size());
     for (std::size_t l = w.size(); l-- > 0;) {
       const Matrix dz = (dh.array() * (1.0f - h[l + 1].array().square())).matrix();
       grads[l] = h[l].transpose() * dz;
+      bias_grads[l] = dz.colwise().sum();
       dh = dz * w[l].transpose();
     }
-    for (std::size_t l = 0; l < w.size(); ++l) w[l] -= o.lr * grads[l];
+    for (std::size_t l = 0; l < w.size(); ++l) {
+      w[l] -= o.lr * grads[l];
+      b[l] -= o.lr * bias_grads[l];
+    }
   }
-  const Box mine = sharded.local_box(rank);
-  for (const Matrix& wl : w) {
-    const Matrix rows = wl.middleRows(mine.offset[0], mine.shape[0]);
-    result.shards.emplace_back(rows.data(), rows.data() + rows.size());
-  }
+  for (std::size_t l = 0; l < w.size(); ++l)
+    result.shards.push_back(shard_of(plans, rank, w[l], b[l]));
   return result;
 }
 
@@ -314,24 +367,26 @@ int run(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   const DeviceMesh mesh({ranks}, {"fsdp"});
   MpiBackend gather_backend(mesh), reduce_backend(mesh);
-  const WeightPlans plans(mesh, o.dim);
+  const LayerPlans plans(mesh, o.dim);
   if (rank == 0)
     fmt::print(
-        "FSDP on {} ranks: {} layers of [{}, {}] f32 weights, S(0) over \"fsdp\"; "
+        "FSDP on {} ranks: {} layers of [{}, {}] f32 weights and [{}] biases, S(0) over \"fsdp\"; "
         "micro-batch {} per rank, {} steps\n  gather: {}\n  reduce: {}\n",
-        ranks, o.layers, o.dim, o.dim, o.batch, o.steps, explain(plans.gather),
+        ranks, o.layers, o.dim, o.dim, o.dim, o.batch, o.steps, explain(plans.gather),
         explain(plans.reduce));
-  const Result reference = train_single(o, ranks, rank, plans.sharded);
+  const Result reference = train_single(o, ranks, rank, plans);
   bool ok = true;
   std::optional<Result> depth_zero;
   if (rank == 0)
-    fmt::print("  {:>5}  {:>12}  {:>24}  {:>20}\n", "depth", "step time", "peak unsharded weights",
+    fmt::print("  {:>5}  {:>12}  {:>24}  {:>20}\n", "depth", "step time", "peak unsharded params",
                "max relative error");
   for (int depth : {0, 1, 2}) {
     const Result r = train_fsdp(o, mesh, gather_backend, reduce_backend, depth);
     double worst = max_relative_error(r.losses, reference.losses);
-    for (std::size_t l = 0; l < r.shards.size(); ++l)
-      worst = std::max(worst, max_relative_error(r.shards[l], reference.shards[l]));
+    for (std::size_t l = 0; l < r.shards.size(); ++l) {
+      worst = std::max(worst, max_relative_error(r.shards[l].weight, reference.shards[l].weight));
+      worst = std::max(worst, max_relative_error(r.shards[l].bias, reference.shards[l].bias));
+    }
     bool good = worst <= 1e-4;
     // Prefetching changes when bytes move, never which: every depth gives the same bits.
     if (depth_zero)
@@ -343,10 +398,12 @@ int run(int argc, char** argv) {
     double slowest = 0;
     MPI_Allreduce(&r.step_seconds, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (rank == 0)
-      fmt::print("  {:>5}  {:>9.2f} ms  {:>17.2f} MiB ({})  {:>20.2e}{}\n", depth, slowest * 1e3,
-                 double(r.peak_unsharded_bytes) / (1 << 20),
-                 r.peak_unsharded_bytes / (plans.gather.dst().local_numel(0) * 4), worst,
-                 any ? "  DIFFERS" : "");
+      fmt::print(
+          "  {:>5}  {:>9.2f} ms  {:>17.2f} MiB ({})  {:>20.2e}{}\n", depth, slowest * 1e3,
+          double(r.peak_unsharded_bytes) / (1 << 20),
+          r.peak_unsharded_bytes /
+              ((plans.gather[0].dst().local_numel(0) + plans.gather[1].dst().local_numel(0)) * 4),
+          worst, any ? "  DIFFERS" : "");
     if (rank == 0 && depth == 0)
       fmt::print("  losses: {:.6f} ... {:.6f} (single process {:.6f} ... {:.6f})\n",
                  r.losses.front(), r.losses.back(), reference.losses.front(),
