@@ -168,6 +168,12 @@ TEST_CASE("a batch runs through execute() on NCCL", "[nccl][batch]") {
     CHECK(out[t]->get() == global_view_block<float>(tensors[t].dst, 0));
     CHECK(in[t]->get() == global_view_block<float>(tensors[t].src, 0));
   }
+  // Started by execute_async: enqueued on the stream, a fence to wait for.
+  for (auto& o : out) o->set(std::vector<float>(o->n, 0.0f));
+  Execution<NcclBackend> e = execute_async(batch, b, std::span<const TensorBuffers>(buffers));
+  e.wait();
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    CHECK(out[t]->get() == global_view_block<float>(tensors[t].dst, 0));
 }
 
 TEST_CASE("NCCL and CUDA errors become named exceptions", "[nccl][errors]") {
