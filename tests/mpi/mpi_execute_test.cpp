@@ -86,50 +86,55 @@ int main(int argc, char** argv) {
                        problem.empty(), problem);
       }
   }
-  // Under Memory::bounded a reduce-scatter of 4 or 8 members by messages runs in rounds, each
-  // partial received into the target or the block's slot sent the round before
-  // (reduces_in_rounds): after an all-to-all into scratch nothing beyond that block, which is the
-  // source's size; from the source itself, into staging. Column pieces (strided) and, from
-  // 1 MiB, row slabs (reduced by messages).
-  struct Bounded {
+  // A case of one layout pair and shape, run in f32 and bf16 against the simulator with
+  // `options`; `scratch_problem(mesh, src, dst, held)` says what is wrong with the scratch held.
+  struct Sized {
     std::string_view mesh, from, to;
     Shape shape;
   };
-  const Bounded bounded[] = {{"2x4", "S(0),P", "S(1),S(1)", {8, 16}},
-                             {"2x4", "S(1),P(max)", "S(0),S(1)", {16, 32}},
-                             {"2x4", "S(0),P", "S(1),S(0)", {512, 1024}},
-                             {"8", "P", "S(1)", {16, 32}},
-                             {"8", "P", "S(0)", {256, 1024}}};
-  for (const Bounded& c : bounded) {
+  auto run_sized = [&](std::string_view label, const Sized& c, const PlanOptions& options,
+                       auto&& scratch_problem) {
     const DeviceMesh mesh = parse_mesh(c.mesh);
-    if (mesh.size() != world_size) continue;
+    if (mesh.size() != world_size) return;
     MpiBackend backend(mesh);
     for (DType dtype : {DType::f32, DType::bf16}) {
       const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
       const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
       ExecuteStats stats;
       std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
-        return testing::run_against_simulator<T>(src, dst, backend, &stats,
-                                                 {.memory = Memory::bounded});
+        return testing::run_against_simulator<T>(src, dst, backend, &stats, options);
       });
-      const std::int64_t ends = std::max(src.local_bytes(world_rank), dst.local_bytes(world_rank));
-      if (problem.empty() && mesh.ndim() == 2 && stats.scratch_peak_bytes > ends)
-        problem = fmt::format("rank {} held {} scratch bytes, above its larger block's {}",
-                              world_rank, stats.scratch_peak_bytes, ends);
-      verdicts.agree(fmt::format("bounded {} {} {} {} -> {}", c.mesh, c.shape, dtype, c.from, c.to),
-                     problem.empty(), problem);
+      if (problem.empty()) problem = scratch_problem(mesh, src, dst, stats.scratch_peak_bytes);
+      verdicts.agree(
+          fmt::format("{} {} {} {} {} -> {}", label, c.mesh, c.shape, dtype, c.from, c.to),
+          problem.empty(), problem);
     }
-  }
+  };
+  // Under Memory::bounded a reduce-scatter of 4 or 8 members by messages runs in rounds, each
+  // partial received into the target or the block's slot sent the round before
+  // (reduces_in_rounds): after an all-to-all into scratch nothing beyond that block, which is the
+  // source's size; from the source itself, into staging. Column pieces (strided) and, from
+  // 1 MiB, row slabs (reduced by messages).
+  for (const Sized& c : {Sized{"2x4", "S(0),P", "S(1),S(1)", {8, 16}},
+                         Sized{"2x4", "S(1),P(max)", "S(0),S(1)", {16, 32}},
+                         Sized{"2x4", "S(0),P", "S(1),S(0)", {512, 1024}},
+                         Sized{"8", "P", "S(1)", {16, 32}}, Sized{"8", "P", "S(0)", {256, 1024}}})
+    run_sized("bounded", c, {.memory = Memory::bounded},
+              [&](const DeviceMesh& mesh, const Layout& src, const Layout& dst,
+                  std::int64_t held) -> std::string {
+                const std::int64_t ends =
+                    std::max(src.local_bytes(world_rank), dst.local_bytes(world_rank));
+                if (mesh.ndim() != 2 || held <= ends) return "";
+                return fmt::format("rank {} held {} scratch bytes, above its larger block's {}",
+                                   world_rank, held, ends);
+              });
   // All-to-all pieces that are not slabs of the block go from it as they lie, and those that
   // are not slabs of the target go straight where they belong, in derived datatypes
   // (StridedAllToAll), f32 and bf16: a one-step S(0) -> S(1) or S(1) -> S(0) holds no scratch
   // at all. Nor does an all-gather whose pieces lie side by side in the target
   // (StridedAllGather), a one-step S(1) -> R.
   static_assert(StridedAllToAll<MpiBackend> && StridedAllGather<MpiBackend>);
-  struct Strided {
-    std::string_view mesh, from, to;
-    Shape shape;
-  };
+  using Strided = Sized;
   const Strided strided[] = {
       {"8", "S(0)", "S(1)", {16, 32}},      {"8", "S(1)", "S(0)", {16, 32}},
       {"8", "S(0)", "S(1)", {64, 1024}},    {"8", "S(1)", "S(0)", {64, 1024}},
@@ -137,27 +142,17 @@ int main(int argc, char** argv) {
       {"2x4", "R,S(0)", "R,S(1)", {8, 16}}, {"2x4", "S(0),S(1)", "S(1),S(0)", {16, 16}},
       {"8", "S(1)", "R", {16, 32}},         {"8", "S(1)", "R", {64, 1024}},
       {"8", "S(2)", "R", {4, 3, 16}},       {"2x4", "S(1),S(1)", "S(1),R", {8, 64}}};
-  for (const Strided& c : strided) {
-    const DeviceMesh mesh = parse_mesh(c.mesh);
-    if (mesh.size() != world_size) continue;
-    MpiBackend backend(mesh);
-    for (DType dtype : {DType::f32, DType::bf16}) {
-      const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
-      const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
-      ExecuteStats stats;
-      std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
-        return testing::run_against_simulator<T>(src, dst, backend, &stats);
-      });
-      const bool one_step = mesh.ndim() == 1 && ((c.from == "S(0)" && c.to == "S(1)") ||
-                                                 (c.from == "S(1)" && c.to == "S(0)") ||
-                                                 (c.from == "S(1)" && c.to == "R"));
-      if (problem.empty() && one_step && stats.scratch_peak_bytes != 0)
-        problem = fmt::format("rank {} held {} scratch bytes, none expected", world_rank,
-                              stats.scratch_peak_bytes);
-      verdicts.agree(fmt::format("strided {} {} {} {} -> {}", c.mesh, c.shape, dtype, c.from, c.to),
-                     problem.empty(), problem);
-    }
-  }
+  for (const Strided& c : strided)
+    run_sized("strided", c, {},
+              [&](const DeviceMesh& mesh, const Layout&, const Layout&,
+                  std::int64_t held) -> std::string {
+                const bool one_step = mesh.ndim() == 1 && ((c.from == "S(0)" && c.to == "S(1)") ||
+                                                           (c.from == "S(1)" && c.to == "S(0)") ||
+                                                           (c.from == "S(1)" && c.to == "R"));
+                if (!one_step || held == 0) return "";
+                return fmt::format("rank {} held {} scratch bytes, none expected", world_rank,
+                                   held);
+              });
   // The same strided all-to-alls by single copy between the ranks' buffers
   // (MpiBackend::SingleCopy::always, from any size): strided sends written into the peers'
   // targets, strided receives read from the peers' sources; the same results as the simulator,
