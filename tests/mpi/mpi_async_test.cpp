@@ -30,6 +30,7 @@ struct Case {
   Shape shape;
   DType dtype;
   Objective objective = Objective::time;
+  Memory memory = Memory::any;
 };
 
 // One plan's buffers on this rank: its source block, the blocking run's result, and a target
@@ -51,31 +52,38 @@ std::vector<std::byte> source_block(const Layout& l, int rank) {
 std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
   // One-step collectives, multi-step plans, exchanges, uneven and padded steps, reductions in
   // float for bf16 and avg: every kind of operation, several operations per plan (and per step).
-  const Case cases[] = {{"S(0),R", "R,R", {64, 32}, DType::f32},
-                        {"R,P", "R,R", {16, 8}, DType::bf16},
-                        {"P,S(1)", "R,S(0)", {16, 8}, DType::f32},
-                        {"S(0),R", "R,S(0)", {16, 8}, DType::i64},
-                        {"S(0),S(0)", "R,S(0)", {13, 5}, DType::f32},
-                        {"P(avg),S(1)", "S(1),R", {8, 12}, DType::bf16},
-                        {"S(0),S(1)", "S(1),S(0)", {16, 16}, DType::f64},
-                        {"R,S(0)", "P(max),S(1)", {8, 8}, DType::i32},
-                        {"P,P", "S(0),S(1)", {10, 9}, DType::f32},
-                        {"S(1),R", "S(1),R", {4, 4}, DType::f32},
-                        // all-to-alls whose send pieces go strided (StridedAllToAll)
-                        {"R,S(0)", "R,S(1)", {8, 16}, DType::f32},
-                        {"S(0),R", "S(1),R", {16, 8}, DType::bf16},
-                        // all-gathers whose pieces land strided (StridedAllGather)
-                        {"R,S(1)", "R,R", {8, 16}, DType::f32},
-                        {"S(1),S(1)", "S(1),R", {8, 64}, DType::bf16},
-                        // exchanges from a Partial: two point-to-point rounds in one step
-                        {"P,S(0)", "S(0),S(1)", {8, 16}, DType::f32, Objective::bytes},
-                        {"P(max),S(1)", "R,S(0)", {7, 10}, DType::bf16, Objective::bytes}};
+  const Case cases[] = {
+      {"S(0),R", "R,R", {64, 32}, DType::f32},
+      {"R,P", "R,R", {16, 8}, DType::bf16},
+      {"P,S(1)", "R,S(0)", {16, 8}, DType::f32},
+      {"S(0),R", "R,S(0)", {16, 8}, DType::i64},
+      {"S(0),S(0)", "R,S(0)", {13, 5}, DType::f32},
+      {"P(avg),S(1)", "S(1),R", {8, 12}, DType::bf16},
+      {"S(0),S(1)", "S(1),S(0)", {16, 16}, DType::f64},
+      {"R,S(0)", "P(max),S(1)", {8, 8}, DType::i32},
+      {"P,P", "S(0),S(1)", {10, 9}, DType::f32},
+      {"S(1),R", "S(1),R", {4, 4}, DType::f32},
+      // all-to-alls whose send pieces go strided (StridedAllToAll)
+      {"R,S(0)", "R,S(1)", {8, 16}, DType::f32},
+      {"S(0),R", "S(1),R", {16, 8}, DType::bf16},
+      // all-gathers whose pieces land strided (StridedAllGather)
+      {"R,S(1)", "R,R", {8, 16}, DType::f32},
+      {"S(1),S(1)", "S(1),R", {8, 64}, DType::bf16},
+      // exchanges from a Partial: two point-to-point rounds in one step
+      {"P,S(0)", "S(0),S(1)", {8, 16}, DType::f32, Objective::bytes},
+      {"P(max),S(1)", "R,S(0)", {7, 10}, DType::bf16, Objective::bytes},
+      // reduce-scatters over 4 in 3 rounds (reduces_in_rounds): 3 operations
+      {"S(0),P", "S(1),S(1)", {8, 16}, DType::f32, Objective::time, Memory::bounded},
+      {"R,P(max)", "R,S(1)", {8, 16}, DType::bf16, Objective::time, Memory::bounded}};
   std::vector<Job> jobs;
   const int rank = backend.rank();
   for (const Case& c : cases) {
     const Layout src(mesh, parse_placements(c.from), c.shape, c.dtype);
     const Layout dst(mesh, parse_placements(c.to), c.shape, c.dtype);
-    Job j{plan_redistribute(src, dst, {.objective = c.objective}), source_block(src, rank), {}, {}};
+    Job j{plan_redistribute(src, dst, {.objective = c.objective, .memory = c.memory}),
+          source_block(src, rank),
+          {},
+          {}};
     const auto out = static_cast<std::size_t>(dst.local_numel(rank) * dst.elem_bytes());
     j.expected.resize(out);
     j.dst.assign(out, std::byte{0xAB});
