@@ -5,7 +5,8 @@
 // rotate over four backends per mesh: default options; the paths meant for large blocks at any
 // size (reductions by messages and single-copy all-to-alls, where the kernel allows it, from 0
 // bytes), the copies' rows through the staging buffer; the same with rows moved straight
-// (strided all-gathers by single copy too); and neither.
+// (strided all-gathers by single copy too); and neither. A third of the cases run through
+// execute_async (started, polled, waited for), with the same checks.
 //
 //   mpirun -np 8 test_mpi_random [cases] [seed]      (ctest: 400 cases, seed 1)
 #include <dtensor/backend/mpi.hpp>
@@ -108,8 +109,8 @@ int main(int argc, char** argv) {
     const RandomCase c = draw(rng);
     if (c.mesh.size() != world_size) continue;
     const std::string spelled =
-        fmt::format("{} {} {} {} -> {} (case {}, seed {}, backend options {})", c.mesh, c.shape,
-                    c.dtype, c.from, c.to, i, seed, i % 4);
+        fmt::format("{} {} {} {} -> {} (case {}, seed {}, backend options {}{})", c.mesh, c.shape,
+                    c.dtype, c.from, c.to, i, seed, i % 4, i % 3 == 1 ? ", execute_async" : "");
     Layout src, dst;
     try {
       src = Layout(c.mesh, c.from, c.shape, c.dtype);
@@ -119,13 +120,15 @@ int main(int argc, char** argv) {
       continue;
     }
     const int variant = i % 4;
+    const bool async = i % 3 == 1;  // a third of the cases through execute_async
     auto& backend = backends[fmt::format("{} {}", c.mesh, variant)];
     if (!backend)
       backend = std::make_unique<MpiBackend>(c.mesh, MPI_COMM_WORLD, backend_options(variant));
     std::string problem;
     try {
       problem = detail::visit_dtype(c.dtype, [&]<class T>() {
-        return testing::run_against_simulator<T>(src, dst, *backend, nullptr, c.options);
+        return testing::run_against_simulator<T>(src, dst, *backend, nullptr, c.options, false,
+                                                 async);
       });
     } catch (const std::exception& e) {
       problem = e.what();
