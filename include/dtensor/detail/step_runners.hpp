@@ -388,6 +388,15 @@ Task<std::size_t> run_all_gather(L link, const Ops& ops, const StepContext& c, c
   co_return b.allocated();
 }
 
+// Whether the pieces step s scatters are slabs of every rank's block (slabs_along): every
+// tensor dim before the scattered one has extent 1 in the global shape.
+inline bool slabs_everywhere(const Plan& plan, const Step& s) {
+  const int j_dim = s.after[s.mesh_dim].dim();
+  for (int d = 0; d < j_dim; ++d)
+    if (plan.src().global_shape()[d] > 1) return false;
+  return true;
+}
+
 // Whether a reduce-scatter runs as one point-to-point round (run_exchange_reduce) rather than
 // the native collective: its pieces are uneven and unpadded, or, on a link that moves strided
 // messages, they need not be slabs of the block (a tensor dim before the scattered one is
@@ -400,11 +409,7 @@ inline bool scatters_by_messages(const Plan& plan, const Step& step, bool even, 
   if (step.padded) return false;
   if (!even) return true;
   if (reduces_at_least(plan, step, a.reduce_messages_from)) return true;
-  if (!a.strided_exchange) return false;
-  const int j_dim = step.after[step.mesh_dim].dim();
-  for (int d = 0; d < j_dim; ++d)
-    if (plan.src().global_shape()[d] > 1) return true;
-  return false;
+  return a.strided_exchange && !slabs_everywhere(plan, step);
 }
 inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
   return scatters_by_messages(c.plan, c.step, c.even, a);
@@ -419,21 +424,18 @@ inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
 // a piece) sent from where they lie (a link with strided messages, or slabs of every block), at
 // least 3 members, on a link that may take several calls for a step (not a batch's round). Every
 // rank decides alike, from the step, the options and the global shape: the rounds meet the mesh.
-// (`even`: the step's, step_is_even.)
-inline bool reduces_in_rounds(const Plan& plan, const Step& step, bool even, LinkAbilities a) {
-  if (plan.options().memory != Memory::bounded || !even || a.one_call_per_step ||
-      step.kind != StepKind::reduce_scatter)
+// (`is_even()`: whether the step is even, step_is_even; asked only past the cheaper tests.)
+template <class IsEven>
+bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEven&& is_even) {
+  if (plan.options().memory != Memory::bounded || a.one_call_per_step ||
+      step.kind != StepKind::reduce_scatter || plan.src().mesh().size(step.mesh_dim) < 3)
     return false;
-  const int k = step.mesh_dim;
-  if (plan.src().mesh().size(k) < 3 || !scatters_by_messages(plan, step, even, a)) return false;
-  if (a.strided_exchange) return true;
-  const int j_dim = step.after[k].dim();
-  for (int d = 0; d < j_dim; ++d)
-    if (plan.src().global_shape()[d] > 1) return false;
-  return true;
+  const bool even = is_even();
+  return even && scatters_by_messages(plan, step, even, a) &&
+         (a.strided_exchange || slabs_everywhere(plan, step));
 }
 inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
-  return !c.messages && reduces_in_rounds(c.plan, c.step, c.even, a);
+  return !c.messages && reduces_in_rounds(c.plan, c.step, a, [&c] { return c.even; });
 }
 
 // The operations a plan starts on a link with abilities `a`: one per communication step, two
@@ -447,7 +449,7 @@ inline int link_operations(const Plan& plan, LinkAbilities a) {
     if ((s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) ||
         (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from)))
       n += 2;
-    else if (reduces_in_rounds(plan, s, step_is_even(plan, s), a))
+    else if (reduces_in_rounds(plan, s, a, [&] { return step_is_even(plan, s); }))
       n += plan.src().mesh().size(s.mesh_dim) - 1;
     else
       n += 1;
@@ -1413,15 +1415,18 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     // A reduce-scatter in rounds stages less where it may write its block (block_writable:
     // after the first stage, not a view, which may be of the source).
     const bool rounds = !fused && reduces_in_rounds(c, a);
-    StepContext writable = c;
-    writable.block_writable = true;
+    auto staging_writable_of = [&](const StepContext& x) {
+      StepContext w = x;
+      w.block_writable = true;
+      return staging_of(w);
+    };
     const std::size_t staging = staging_of(c);
-    const std::size_t staging_writable = rounds ? staging_of(writable) : staging;
+    const std::size_t staging_writable = rounds ? staging_writable_of(c) : staging;
     const bool in_place = !fused && rows == 0 && runs_in_place(c);
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
-    c.spare_bytes = writable.spare_bytes = target;  // the target free during the stage: spare
+    c.spare_bytes = target;  // the target free during the stage: its room is spare
     const std::size_t staging_spare = staging_of(c);
-    const std::size_t staging_spare_writable = rounds ? staging_of(writable) : staging_spare;
+    const std::size_t staging_spare_writable = rounds ? staging_writable_of(c) : staging_spare;
     const std::size_t staging_spare_in_place = in_place ? step_staging(c, a, true) : 0;
     const std::size_t block = bytes_of(c.want, elem);
     const std::uint32_t bit = 1u << stage.last;
