@@ -1,13 +1,15 @@
 // Many small tensors over MPI: one batched execute() against one execute() per tensor (issue
 // 10's target: the batch at least 5x faster). Run: mpirun -np 8 build/release/bench/bench_mpi_batch
-// [runs] [pattern] (only the patterns whose name starts with that, e.g. all-reduce)
+// [runs] [pattern] [batched KiB] (only the patterns whose name starts with that, e.g. all-reduce;
+// [batched KiB]: MpiBackend::Options::batched_all_to_all_from_bytes and
+// batched_all_gather_from_bytes, -1 for never: such rounds packed)
 //
 // The batch: 64 tensors of 4 KiB to 256 KiB per rank (the larger side; and a second sweep of
 // 256 B to 16 KiB, where latency dominates), f32 and bf16, as a
 // training step moves them: FSDP's all-gather of a layer's parameters (S(0) -> R), the
 // gradients' reduce-scatter (P -> S(0)), their all-reduce (P -> R) on 2 x 4, sequence
 // parallelism's all-to-all (S(0) -> S(1)), and a mix of all three with resharding. The last
-// column is workspace_bytes<MpiBackend>(batch) over the packed size of the larger side.
+// column is workspace_bytes(batch, backend) over the packed size of the larger side.
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -21,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -113,6 +116,12 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
   const std::string_view only = argc > 2 ? argv[2] : "";
+  MpiBackend::Options options;
+  if (argc > 3) {
+    const int kib = std::atoi(argv[3]);
+    options.batched_all_to_all_from_bytes = options.batched_all_gather_from_bytes =
+        kib < 0 ? std::numeric_limits<std::size_t>::max() : std::size_t(kib) << 10;
+  }
   const std::string mesh_1d = fmt::format("{}", size);
   const std::string mesh_2d = size % 2 == 0 ? fmt::format("2x{}", size / 2) : mesh_1d;
   const Pattern patterns[] = {
@@ -137,7 +146,7 @@ int main(int argc, char** argv) {
     for (const Pattern& p : patterns) {
       if (!p.name.starts_with(only)) continue;
       const DeviceMesh mesh = parse_mesh(p.mesh);
-      MpiBackend backend(mesh);
+      MpiBackend backend(mesh, MPI_COMM_WORLD, options);
       std::vector<Redistribution> batch;
       for (int t = 0; t < tensors; ++t) {
         // 4 KiB to 256 KiB per rank on the larger side: rows of 256 f32 (1 KiB) or bf16.
@@ -200,7 +209,7 @@ int main(int argc, char** argv) {
             bare ? fmt::format("{:.1f}x", one_by_one / floor) : "-",
             aligned ? fmt::format("{:.1f} ({} calls)", fewest_calls * 1e6, fewest->backend_calls())
                     : "=",
-            static_cast<double>(workspace_bytes<MpiBackend>(*plan)) /
+            static_cast<double>(workspace_bytes(*plan, backend)) /
                 static_cast<double>(std::max<std::int64_t>(packed, 1)));
     }
   MPI_Finalize();

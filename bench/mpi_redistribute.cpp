@@ -1,8 +1,9 @@
 // A redistribution over MPI against the bare MPI collective moving the same bytes, per message
 // size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute [runs]
-// [collective] [chunk] [direct] ([collective]: only the rows whose collective starts with that
-// name, e.g. all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes in KiB;
-// [direct]: single_copy_direct_from_bytes in KiB, -1 for never)
+// [collective] [chunk] [direct] [band] ([collective]: only the rows whose collective starts with
+// that name, e.g. all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes in KiB;
+// [direct]: single_copy_direct_write_from_bytes and _read_from_bytes in bytes, -1 for never;
+// [band]: single_copy_band_bytes in KiB)
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -36,11 +37,14 @@ int main(int argc, char** argv) {
   MpiBackend::Options options;
   if (argc > 3)
     options.single_copy_chunk_bytes = std::size_t(std::max(1, std::atoi(argv[3]))) << 10;
-  // [direct KiB]: MpiBackend::Options::single_copy_direct_from_bytes (-1: never).
+  // [direct bytes]: MpiBackend::Options::single_copy_direct_write_from_bytes and
+  // single_copy_direct_read_from_bytes (-1: never).
   if (argc > 4)
-    options.single_copy_direct_from_bytes = std::atoi(argv[4]) < 0
-                                                ? std::numeric_limits<std::size_t>::max()
-                                                : std::size_t(std::atoi(argv[4])) << 10;
+    options.single_copy_direct_write_from_bytes = options.single_copy_direct_read_from_bytes =
+        std::atoi(argv[4]) < 0 ? std::numeric_limits<std::size_t>::max()
+                               : std::size_t(std::atoi(argv[4]));
+  // [band KiB]: MpiBackend::Options::single_copy_band_bytes.
+  if (argc > 5) options.single_copy_band_bytes = std::size_t(std::max(1, std::atoi(argv[5]))) << 10;
   MpiBackend backend(mesh, MPI_COMM_WORLD, options);
   struct Case {
     std::string_view name, from, to;

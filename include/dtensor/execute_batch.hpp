@@ -178,6 +178,27 @@ constexpr std::size_t batched_all_gather_from() {
     return 0;
 }
 
+// The same for one backend: its own thresholds where it has them (batched_all_to_all_from(),
+// batched_all_gather_from(): options of the instance, the same on every rank), else its type's.
+template <class B>
+std::size_t batched_all_to_all_from(const B& backend) {
+  if constexpr (BatchedAllToAll<B> && requires {
+                  { backend.batched_all_to_all_from() } -> std::convertible_to<std::size_t>;
+                })
+    return backend.batched_all_to_all_from();
+  else
+    return batched_all_to_all_from<B>();
+}
+template <class B>
+std::size_t batched_all_gather_from(const B& backend) {
+  if constexpr (BatchedAllGather<B> && requires {
+                  { backend.batched_all_gather_from() } -> std::convertible_to<std::size_t>;
+                })
+    return backend.batched_all_gather_from();
+  else
+    return batched_all_gather_from<B>();
+}
+
 // A batch's all-reduce round of `count` elements in `packed`, in place, as two point-to-point
 // rounds (reduces_round_by_messages): the packed block's g balanced slices reduce-scattered, the
 // partials of this member's slice in the send packing buffer and reduced here in group order,
@@ -224,6 +245,11 @@ Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuf
                      bool reduce_by_messages) {
   B& backend = link.backend;
   const auto local = local_ops_of(backend);
+  // From how many bytes the all-to-all and all-gather rounds run from the tensors' buffers.
+  [[maybe_unused]] const std::size_t all_to_all_from =
+      batched_all_to_all_from(std::as_const(backend));
+  [[maybe_unused]] const std::size_t all_gather_from =
+      batched_all_gather_from(std::as_const(backend));
   using Packing = PackingBuffers<B>;
   const ParkedOp& first = *ops.front();
   using Kind = ParkedOp::Kind;
@@ -388,7 +414,7 @@ Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuf
   switch (first.kind) {
     case Kind::all_gather: {
       if constexpr (BatchedAllGather<B>) {
-        if (g * total >= batched_all_gather_from<B>()) {  // from the tensors' buffers
+        if (g * total >= all_gather_from) {  // from the tensors' buffers
           std::vector<AllGatherPart> parts;
           parts.reserve(ops.size());
           for (const ParkedOp* o : ops)
@@ -409,7 +435,7 @@ Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuf
     }
     case Kind::all_to_all: {
       if constexpr (BatchedAllToAll<B>) {
-        if (g * total >= batched_all_to_all_from<B>()) {  // from the tensors' buffers
+        if (g * total >= all_to_all_from) {  // from the tensors' buffers
           std::vector<AllToAllPart> parts;
           parts.reserve(ops.size());
           for (const ParkedOp* o : ops) {
@@ -430,7 +456,7 @@ Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuf
     }
     case Kind::reduce_scatter: {
       if constexpr (BatchedAllToAll<B>) {
-        if (reduce_by_messages && g * total >= batched_all_to_all_from<B>()) {
+        if (reduce_by_messages && g * total >= all_to_all_from) {
           // The same round from the tensors' buffers: one batched all-to-all sends member j
           // piece j of every tensor where it lies and puts the g partials of this member's
           // piece of tensor t side by side at g * off[t] in the staging; each tensor's are then
@@ -490,8 +516,8 @@ Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuf
       if constexpr (BatchedAllToAll<B> && BatchedAllGather<B>) {
         std::vector<std::size_t> counts(ops.size());
         for (std::size_t t = 0; t < ops.size(); ++t) counts[t] = ops[t]->n;
-        if (reduce_by_messages && all_reduces_from_buffers(total, g, batched_all_to_all_from<B>(),
-                                                           batched_all_gather_from<B>(), counts)) {
+        if (reduce_by_messages &&
+            all_reduces_from_buffers(total, g, all_to_all_from, all_gather_from, counts)) {
           // The two rounds from the tensors' buffers: each tensor's block cut in g equal
           // slices, member j's slice of every tensor sent to it by one batched all-to-all
           // (the g partials of this member's slice of tensor t side by side at off[t] in the
@@ -734,11 +760,12 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
                                        detail::reduce_messages_of<detail::Link<B>>::bytes);
 }
 
-// The same on this backend, with its options (MpiBackend::Options::reduce_by_messages_from_bytes).
+// The same on this backend, with its options (MpiBackend::Options::reduce_by_messages_from_bytes,
+// batched_all_to_all_from_bytes, batched_all_gather_from_bytes).
 template <Backend B, std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch, const B& backend) {
-  return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from<B>(),
-                                       detail::batched_all_gather_from<B>(),
+  return detail::batch_workspace_bytes(batch, detail::batched_all_to_all_from(backend),
+                                       detail::batched_all_gather_from(backend),
                                        detail::reduce_messages_from(backend));
 }
 

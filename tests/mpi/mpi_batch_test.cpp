@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -97,7 +98,8 @@ Blocks blocks_of(const BatchPlan<16>& batch, int rank) {
 
 // Runs `batch` over `buffers` (blocking, or with `async` started by execute_async, polled with
 // test() and waited for) and says what differs between the results in `out` and this rank's
-// blocks of the global view, or the error the run gave ("" if neither).
+// blocks of the global view, or the error the run gave, or (blocking) that the scratch held
+// passed workspace_bytes(batch, backend) ("" if none).
 std::string run_and_check(const BatchPlan<16>& batch, MpiBackend& backend,
                           const std::vector<TensorBuffers>& buffers,
                           const std::vector<std::vector<std::byte>>& out, int rank,
@@ -110,7 +112,11 @@ std::string run_and_check(const BatchPlan<16>& batch, MpiBackend& backend,
       }
       e.wait();
     } else {
-      execute(batch, backend, std::span<const TensorBuffers>(buffers));
+      ExecuteStats stats;
+      execute(batch, backend, std::span<const TensorBuffers>(buffers), &stats);
+      if (stats.scratch_peak_bytes > workspace_bytes(batch, backend))
+        return fmt::format("rank {} held {} bytes of scratch, more than workspace_bytes' {}", rank,
+                           stats.scratch_peak_bytes, workspace_bytes(batch, backend));
     }
     return check(batch, out, rank);
   } catch (const std::exception& e) {
@@ -130,7 +136,15 @@ int main(int argc, char** argv) {
   for (const char* spelling : {"8", "2x4", "2x2x2"}) {
     const DeviceMesh mesh = parse_mesh(spelling);
     if (mesh.size() != world_size) continue;
+    // The default backend, and one whose all-to-all and all-gather rounds run from the tensors'
+    // buffers at any size, or never (MpiBackend::Options::batched_all_to_all_from_bytes,
+    // batched_all_gather_from_bytes).
     MpiBackend backend(mesh);
+    MpiBackend::Options always, never;
+    always.batched_all_to_all_from_bytes = always.batched_all_gather_from_bytes = 0;
+    never.batched_all_to_all_from_bytes = never.batched_all_gather_from_bytes =
+        std::numeric_limits<std::size_t>::max();
+    MpiBackend from_buffers(mesh, MPI_COMM_WORLD, always), packed(mesh, MPI_COMM_WORLD, never);
     std::vector<std::vector<Redistribution>> batches;
     for (int size : {1, 3, 16}) {
       batches.emplace_back();
@@ -180,6 +194,14 @@ int main(int argc, char** argv) {
                                      async ? ", execute_async" : ""),
                          problem.empty(), problem);
         }
+      const auto batch = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors));
+      for (MpiBackend* other : {&from_buffers, &packed}) {
+        const Blocks b = blocks_of(*batch, world_rank);
+        const std::string problem = run_and_check(*batch, *other, b.buffers, b.out, world_rank);
+        verdicts.agree(fmt::format("mesh {}, batch of {}, rounds {}", spelling, size,
+                                   other == &packed ? "packed" : "from the tensors' buffers"),
+                       problem.empty(), problem);
+      }
     }
   }
   // A layer's parameters gathered in place (each shard at its rank's slab of its gathered

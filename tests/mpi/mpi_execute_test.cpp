@@ -157,9 +157,10 @@ int main(int argc, char** argv) {
   // (MpiBackend::SingleCopy::always, from any size): strided sends written into the peers'
   // targets, strided receives read from the peers' sources; the same results as the simulator,
   // and the path taken wherever this machine lets ranks reach each other's memory. Each with
-  // rows through the staging buffer, and with rows moved straight (single_copy_direct_from_bytes
-  // 0), where strided all-gathers are read from the peers' sources too (they keep their
-  // datatypes otherwise).
+  // rows through the staging buffer, and with rows moved straight (single_copy_direct_write_ and
+  // read_from_bytes 0), where strided all-gathers are read from the peers' sources too (they keep
+  // their datatypes otherwise); each in one band of rows and in bands of a few rows
+  // (single_copy_band_bytes 1000: one row per band where a row spans more).
   const Strided single[] = {
       {"8", "S(0)", "S(1)", {16, 32}},        {"8", "S(0)", "S(1)", {64, 1024}},
       {"8", "S(0)", "S(2)", {16, 3, 16}},     {"8", "S(0)", "S(1)", {13, 24}},
@@ -168,31 +169,35 @@ int main(int argc, char** argv) {
       {"2x4", "R,S(0)", "R,S(1)", {8, 16}},   {"2x4", "S(0),S(1)", "S(1),S(0)", {16, 16}},
       {"2x4", "S(1),S(1)", "S(1),R", {8, 64}}};
   int single_copies = 0;
+  const std::size_t one_band = MpiBackend::Options{}.single_copy_band_bytes;
   for (const Strided& c : single)
-    for (const std::size_t direct_from :
-         {std::numeric_limits<std::size_t>::max(), std::size_t{0}}) {
-      const DeviceMesh mesh = parse_mesh(c.mesh);
-      if (mesh.size() != world_size) continue;
-      MpiBackend backend(mesh, MPI_COMM_WORLD,
-                         {.single_copy = MpiBackend::SingleCopy::always,
-                          .single_copy_from_bytes = 0,
-                          .single_copy_direct_from_bytes = direct_from});
-      single_copies += backend.single_copy(mesh.ndim() - 1) ? 1 : 0;
-      for (DType dtype : {DType::f32, DType::bf16}) {
-        const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
-        const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
-        const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
-          return testing::run_against_simulator<T>(src, dst, backend, nullptr);
-        });
-        verdicts.agree(fmt::format("single copy{} {} {} {} {} -> {}",
-                                   direct_from == 0 ? " (rows straight)" : "", c.mesh, c.shape,
-                                   dtype, c.from, c.to),
-                       problem.empty(), problem);
+    for (const std::size_t direct_from : {std::numeric_limits<std::size_t>::max(), std::size_t{0}})
+      for (const std::size_t band : {one_band, std::size_t{1000}}) {
+        const DeviceMesh mesh = parse_mesh(c.mesh);
+        if (mesh.size() != world_size) continue;
+        MpiBackend backend(mesh, MPI_COMM_WORLD,
+                           {.single_copy = MpiBackend::SingleCopy::always,
+                            .single_copy_from_bytes = 0,
+                            .single_copy_direct_write_from_bytes = direct_from,
+                            .single_copy_direct_read_from_bytes = direct_from,
+                            .single_copy_band_bytes = band});
+        single_copies += backend.single_copy(mesh.ndim() - 1) ? 1 : 0;
+        for (DType dtype : {DType::f32, DType::bf16}) {
+          const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
+          const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
+          const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
+            return testing::run_against_simulator<T>(src, dst, backend, nullptr);
+          });
+          verdicts.agree(
+              fmt::format("single copy{}{} {} {} {} {} -> {}",
+                          direct_from == 0 ? " (rows straight)" : "",
+                          band == one_band ? "" : " (bands)", c.mesh, c.shape, dtype, c.from, c.to),
+              problem.empty(), problem);
+        }
       }
-    }
   if (world_rank == 0)
     fmt::print("single copy: {} of {} backends could reach their peers' memory\n", single_copies,
-               2 * std::size(single));
+               4 * std::size(single));
   // Gradients all-reduced in place (source and target one buffer), by MPI_IN_PLACE and by
   // messages, f32 and bf16.
   for (const std::size_t by_messages : {std::numeric_limits<std::size_t>::max(), std::size_t{0}})

@@ -83,7 +83,8 @@ MpiBackend::Options backend_options(int variant) {
     o.reduce_by_messages_from_bytes = 0;
     o.single_copy = MpiBackend::SingleCopy::always;
     o.single_copy_from_bytes = 0;
-    o.single_copy_direct_from_bytes = variant == 1 ? std::numeric_limits<std::size_t>::max() : 0;
+    o.single_copy_direct_write_from_bytes = o.single_copy_direct_read_from_bytes =
+        variant == 1 ? std::numeric_limits<std::size_t>::max() : 0;
   } else if (variant == 3) {
     o.reduce_by_messages_from_bytes = std::numeric_limits<std::size_t>::max();
     o.single_copy = MpiBackend::SingleCopy::never;

@@ -130,13 +130,14 @@ class MpiBackend {
 
   // Whether a blocking all-to-all whose pieces are strided on one side (S(0) -> S(1),
   // S(1) -> S(0)) moves them with the kernel's single copy between the ranks' buffers (Linux
-  // process_vm_writev / process_vm_readv: rows of 1 KiB and up straight, one iovec each, shorter
-  // ones packed or unpacked 64 KiB at a time in cache) instead of MPI's derived datatypes, which
-  // Open MPI 4.1 moves through copy-in/copy-out shared-memory fragments (two copies); so does a
-  // blocking strided all-gather (S(1) -> R) whose rows go straight (pulled through the staging
-  // buffer it ran slower than the datatype, bench/README.md). Only where every member of the
-  // group runs on this machine and the kernel lets them reach each other's memory; operations
-  // started with start_* (execute_async) keep the datatypes.
+  // process_vm_writev / process_vm_readv: rows written from 1 KiB and read from 512 B straight,
+  // one iovec each, shorter ones packed or unpacked 64 KiB at a time in cache; a band of rows at a
+  // time for every member) instead of MPI's derived datatypes, which Open MPI 4.1 moves through
+  // copy-in/copy-out shared-memory fragments (two copies); so does a blocking strided all-gather
+  // (S(1) -> R) whose rows go straight (pulled through the staging buffer it ran slower than the
+  // datatype, bench/README.md). Only where every member of the group runs on this machine and the
+  // kernel lets them reach each other's memory; operations started with start_* (execute_async)
+  // keep the datatypes.
   enum class SingleCopy : std::uint8_t {
     automatic,  // where the ranks on this machine have a core each (not oversubscribed)
     always,     // wherever it works (tests)
@@ -155,15 +156,29 @@ class MpiBackend {
     // staging buffer meant to stay in cache.
     std::size_t single_copy_chunk_bytes = std::size_t{64} << 10;
     // Rows of at least this many bytes move by single copy straight between the buffers, one
-    // iovec each (up to 1,024 per kernel call), without the staging buffer: from 1 KiB the
-    // kernel copies strided rows within 20% of one contiguous block, where staging adds a
-    // second copy (bench/README.md). A strided all-gather goes by single copy only so.
-    std::size_t single_copy_direct_from_bytes = std::size_t{1} << 10;
+    // iovec each (up to 1,024 per kernel call), without the staging buffer, which adds a second
+    // copy: rows written into the peers' buffers (a strided send side) from 1 KiB, rows read from
+    // them (a strided receive side, an all-gather's too) from 512 B. With 8 ranks on cores of
+    // their own, 512-byte rows read straight ran faster than through MPI's datatype or the
+    // staging, and written straight slower than staged (bench/README.md). A strided all-gather
+    // goes by single copy only straight.
+    std::size_t single_copy_direct_write_from_bytes = std::size_t{1} << 10;
+    std::size_t single_copy_direct_read_from_bytes = 512;
+    // The span of this rank's strided side (rows times their stride) whose pieces a single copy
+    // moves for every member before the next rows, so that it stays in cache (member by member,
+    // the strided side was crossed once per member: 1.3-1.5 times slower at 64 MiB).
+    std::size_t single_copy_band_bytes = std::size_t{1} << 20;
     // From how many bytes of block (the first rank's) an even reduce-scatter or an all-reduce
     // runs as point-to-point rounds reduced by dtensor instead of MPI's collective: 0 always,
     // SIZE_MAX never (an MPI whose reductions are fast, e.g. across machines). The same on
     // every rank; workspace_bytes(plan, backend) counts the scratch this choice takes.
     std::size_t reduce_by_messages_from_bytes = reduce_messages_bytes;
+    // From how many bytes (all members, all tensors) a batch's all-to-all round, and its
+    // all-gather round, run from the tensors' buffers (one MPI_Ialltoallw of derived datatypes)
+    // instead of packing: SIZE_MAX never. The same on every rank; workspace_bytes(batch,
+    // backend) counts the packing this choice takes.
+    std::size_t batched_all_to_all_from_bytes = batched_all_to_all_bytes;
+    std::size_t batched_all_gather_from_bytes = batched_all_gather_bytes;
   };
 
   // Every process of `world` constructs it (collective), and every one must be in `mesh`:
@@ -313,12 +328,20 @@ class MpiBackend {
   [[nodiscard]] std::size_t reduce_by_messages_from() const noexcept {
     return options_.reduce_by_messages_from_bytes;
   }
+  // From how many bytes a batch's all-to-all and all-gather rounds run from the tensors'
+  // buffers (Options).
+  [[nodiscard]] std::size_t batched_all_to_all_from() const noexcept {
+    return options_.batched_all_to_all_from_bytes;
+  }
+  [[nodiscard]] std::size_t batched_all_gather_from() const noexcept {
+    return options_.batched_all_gather_from_bytes;
+  }
   // Whether the group of mesh dim k moves strided all-to-alls by single copy (Options).
   [[nodiscard]] bool single_copy(int mesh_dim) const {
     return state_->single_copy[static_cast<std::size_t>(mesh_dim)] != 0;
   }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
-    if (needs_type(pieces) && pieces.run_bytes >= options_.single_copy_direct_from_bytes &&
+    if (needs_type(pieces) && pieces.run_bytes >= options_.single_copy_direct_read_from_bytes &&
         goes_by_single_copy(mesh_dim, pieces)) {
       // Pulled: every member's contiguous piece read straight into its strided place.
       single_copy_move(mesh_dim, false, send, 0, nullptr, recv, pieces);
@@ -768,15 +791,16 @@ class MpiBackend {
     return single_copy(k) && runs.piece_bytes() * g >= options_.single_copy_from_bytes;
   }
   // One strided all-to-all (or, pulling with `remote_offset` 0, all-gather) by single copy:
-  // every member's address of `exposed` gathered, then for each member j (next one first) piece
-  // j of this rank's strided side (`runs`: `local_in` when pushing, `local_out` when pulling)
-  // moved to or from the contiguous bytes at member j's `exposed` + `remote_offset`: written
-  // there when `push` (a strided send side), read from there otherwise (a strided receive side).
-  // Rows of Options::single_copy_direct_from_bytes and up go straight, one iovec each; shorter
-  // ones 64 KiB at a time, packed into or unpacked from a staging buffer that stays in cache.
-  // This rank's own piece is a local copy (into `local_out`, which is `exposed` when pushing).
-  // A minimum of everyone's success both reports failures and tells each member that every
-  // copy into or out of its buffers is done.
+  // every member's address of `exposed` gathered, then, band of rows by band, for each member j
+  // (next one first) piece j of this rank's strided side (`runs`: `local_in` when pushing,
+  // `local_out` when pulling) moved to or from the contiguous bytes at member j's `exposed` +
+  // `remote_offset`: written there when `push` (a strided send side), read from there otherwise
+  // (a strided receive side). Rows of Options::single_copy_direct_write_from_bytes (pushing) or
+  // single_copy_direct_read_from_bytes (pulling) and up go straight, one iovec each; shorter ones
+  // 64 KiB at a time, packed into or unpacked from a staging buffer that stays in cache. This
+  // rank's own piece is a local copy (into `local_out`, which is `exposed` when pushing). A
+  // minimum of everyone's success both reports failures and tells each member that every copy
+  // into or out of its buffers is done.
   void single_copy_move(int k, bool push, const void* exposed, std::size_t remote_offset,
                         const void* local_in, void* local_out, StridedPieces runs) {
 #ifdef __linux__
@@ -792,7 +816,8 @@ class MpiBackend {
          addresses.call_);
     wait(addresses);
     const std::size_t run = runs.run_bytes;
-    const bool direct = run >= options_.single_copy_direct_from_bytes;
+    const bool direct = run >= (push ? options_.single_copy_direct_write_from_bytes
+                                     : options_.single_copy_direct_read_from_bytes);
     const std::size_t rows_per = direct
                                      ? max_iovecs
                                      : std::max<std::size_t>(1, options_.single_copy_chunk_bytes /
@@ -802,63 +827,71 @@ class MpiBackend {
     const std::vector<int>& pids = state_->pids[static_cast<std::size_t>(k)];
     int ok = 1;
     int failure = 0;
-    for (std::size_t step = 0; step < g && runs.piece_bytes() != 0; ++step) {
-      const std::size_t j = (me + step) % g;
+    // Rows [row, row + m) of member j's piece: a local copy for this rank's own, else one
+    // kernel call (straight, or through the staging buffer).
+    const auto move_rows = [&](std::size_t j, std::size_t row, std::size_t m) {
       // (Pulling, there is no strided source: no offset from a null local_in.)
       const std::byte* in = push ? static_cast<const std::byte*>(local_in) + j * run : nullptr;
       std::byte* out = static_cast<std::byte*>(local_out) + j * run;
-      for (std::size_t row = 0; row < runs.rows; row += rows_per) {
-        const std::size_t m = std::min(rows_per, runs.rows - row);
-        const std::size_t at = remote_offset + row * run;
-        const std::size_t bytes = m * run;
-        if (j == me) {  // this rank's own piece: a local copy
-          if (push) {
-            auto* to = static_cast<std::byte*>(local_out) + at;
-            for (std::size_t i = 0; i < m; ++i)
-              std::memcpy(to + i * run, in + (row + i) * runs.stride_bytes, run);
-          } else {
-            const auto* from = static_cast<const std::byte*>(exposed) + at;
-            for (std::size_t i = 0; i < m; ++i)
-              std::memcpy(out + (row + i) * runs.stride_bytes, from + i * run, run);
-          }
-          continue;
-        }
-        if (ok == 0) continue;
-        // NOLINTNEXTLINE(performance-no-int-to-ptr): member j's address, reached by the kernel
-        iovec there{reinterpret_cast<void*>(where[j] + at), bytes};
-        if (direct) {  // this rank's rows where they lie, one iovec each
-          for (std::size_t i = 0; i < m; ++i) {
-            const std::size_t offset = (row + i) * runs.stride_bytes;
-            rows[i] = {push ? const_cast<std::byte*>(in + offset)  // NOLINT: only read
-                            : out + offset,
-                       run};
-          }
-          const ssize_t moved = push ? process_vm_writev(pids[j], rows.data(), m, &there, 1, 0)
-                                     : process_vm_readv(pids[j], rows.data(), m, &there, 1, 0);
-          if (moved != static_cast<ssize_t>(bytes)) {
-            ok = 0;
-            failure = moved < 0 ? errno : EIO;  // EIO: a short copy
-          }
-          continue;
-        }
-        iovec here{staging.data(), bytes};
+      const std::size_t at = remote_offset + row * run;
+      const std::size_t bytes = m * run;
+      if (j == me) {
         if (push) {
+          auto* to = static_cast<std::byte*>(local_out) + at;
           for (std::size_t i = 0; i < m; ++i)
-            std::memcpy(staging.data() + i * run, in + (row + i) * runs.stride_bytes, run);
-          if (process_vm_writev(pids[j], &here, 1, &there, 1, 0) != static_cast<ssize_t>(bytes)) {
-            ok = 0;
-            failure = errno;
-          }
+            std::memcpy(to + i * run, in + (row + i) * runs.stride_bytes, run);
         } else {
-          if (process_vm_readv(pids[j], &here, 1, &there, 1, 0) != static_cast<ssize_t>(bytes)) {
-            ok = 0;
-            failure = errno;
-            continue;
-          }
+          const auto* from = static_cast<const std::byte*>(exposed) + at;
           for (std::size_t i = 0; i < m; ++i)
-            std::memcpy(out + (row + i) * runs.stride_bytes, staging.data() + i * run, run);
+            std::memcpy(out + (row + i) * runs.stride_bytes, from + i * run, run);
         }
+        return;
       }
+      if (ok == 0) return;
+      // NOLINTNEXTLINE(performance-no-int-to-ptr): member j's address, reached by the kernel
+      iovec there{reinterpret_cast<void*>(where[j] + at), bytes};
+      if (direct) {  // this rank's rows where they lie, one iovec each
+        for (std::size_t i = 0; i < m; ++i) {
+          const std::size_t offset = (row + i) * runs.stride_bytes;
+          rows[i] = {push ? const_cast<std::byte*>(in + offset)  // NOLINT: only read
+                          : out + offset,
+                     run};
+        }
+        const ssize_t moved = push ? process_vm_writev(pids[j], rows.data(), m, &there, 1, 0)
+                                   : process_vm_readv(pids[j], rows.data(), m, &there, 1, 0);
+        if (moved != static_cast<ssize_t>(bytes)) {
+          ok = 0;
+          failure = moved < 0 ? errno : EIO;  // EIO: a short copy
+        }
+        return;
+      }
+      iovec here{staging.data(), bytes};
+      if (push) {
+        for (std::size_t i = 0; i < m; ++i)
+          std::memcpy(staging.data() + i * run, in + (row + i) * runs.stride_bytes, run);
+        if (process_vm_writev(pids[j], &here, 1, &there, 1, 0) != static_cast<ssize_t>(bytes)) {
+          ok = 0;
+          failure = errno;
+        }
+        return;
+      }
+      if (process_vm_readv(pids[j], &here, 1, &there, 1, 0) != static_cast<ssize_t>(bytes)) {
+        ok = 0;
+        failure = errno;
+        return;
+      }
+      for (std::size_t i = 0; i < m; ++i)
+        std::memcpy(out + (row + i) * runs.stride_bytes, staging.data() + i * run, run);
+    };
+    // Bands of rows whose strided side spans about Options::single_copy_band_bytes: every
+    // member's piece of a band moves before the next band, so the band stays in cache.
+    const std::size_t band = std::max<std::size_t>(
+        1, options_.single_copy_band_bytes / std::max<std::size_t>(1, runs.stride_bytes));
+    for (std::size_t first = 0; first < runs.rows && runs.piece_bytes() != 0; first += band) {
+      const std::size_t last = std::min(runs.rows, first + band);
+      for (std::size_t step = 0; step < g; ++step)
+        for (std::size_t row = first; row < last; row += rows_per)
+          move_rows((me + step) % g, row, std::min(rows_per, last - row));
     }
     Request done = begin("MPI_Iallreduce");
     must(MPI_Iallreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm,
