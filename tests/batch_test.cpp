@@ -60,15 +60,17 @@ enum class Via {
   reducing_never,
   one_buffer
 };
+// The bytes of `rank`'s block of layout `l` cut from the global view.
+std::vector<std::byte> bytes_of_block(const Layout& l, int rank) {
+  return detail::visit_dtype(l.dtype(), [&]<class T>() {
+    const std::vector<T> v = global_view_block<T>(l, rank);
+    const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
+    return std::vector<std::byte>(bytes, bytes + v.size() * sizeof(T));
+  });
+}
+
 template <std::size_t N>
 BatchRun run_batch(const BatchPlan<N>& b, Via via) {
-  auto bytes_of_block = [](const Layout& l, int rank) {
-    return detail::visit_dtype(l.dtype(), [&]<class T>() {
-      const std::vector<T> v = global_view_block<T>(l, rank);
-      const auto* bytes = reinterpret_cast<const std::byte*>(v.data());
-      return std::vector<std::byte>(bytes, bytes + v.size() * sizeof(T));
-    });
-  };
   BatchRun out;
   std::mutex lock;
   SimulatedWorld world(b[0].src().mesh());
@@ -206,12 +208,7 @@ TEST_CASE("execute_async runs a batch: at once where the backend is not asynchro
     const int rank = backend.rank();
     std::vector<std::vector<std::byte>> in, out[2];
     std::vector<TensorBuffers> buffers[2];
-    for (const Plan& p : b)
-      detail::visit_dtype(p.src().dtype(), [&]<class T>() {
-        const std::vector<T> v = global_view_block<T>(p.src(), rank);
-        in.emplace_back(reinterpret_cast<const std::byte*>(v.data()),
-                        reinterpret_cast<const std::byte*>(v.data() + v.size()));
-      });
+    for (const Plan& p : b) in.push_back(bytes_of_block(p.src(), rank));
     for (int run = 0; run < 2; ++run)
       for (std::size_t t = 0; t < b.size(); ++t) {
         out[run].emplace_back(static_cast<std::size_t>(b[t].dst().local_bytes(rank)));
@@ -230,11 +227,7 @@ TEST_CASE("execute_async runs a batch: at once where the backend is not asynchro
       wrong.push_back(fmt::format("rank {}: scratch {} against {}", rank, e.scratch_peak_bytes(),
                                   stats.scratch_peak_bytes));
     for (std::size_t t = 0; t < b.size(); ++t) {
-      const std::vector<std::byte> want = detail::visit_dtype(b[t].dst().dtype(), [&]<class T>() {
-        const std::vector<T> v = global_view_block<T>(b[t].dst(), rank);
-        return std::vector<std::byte>(reinterpret_cast<const std::byte*>(v.data()),
-                                      reinterpret_cast<const std::byte*>(v.data() + v.size()));
-      });
+      const std::vector<std::byte> want = bytes_of_block(b[t].dst(), rank);
       if (out[0][t] != want || out[1][t] != want)
         wrong.push_back(fmt::format("rank {} tensor {}", rank, t));
     }

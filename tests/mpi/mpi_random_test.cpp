@@ -4,9 +4,9 @@
 // global view and checked against the simulated backend (run_against_simulator.hpp). Cases
 // rotate over four backends per mesh: default options; the paths meant for large blocks at any
 // size (reductions by messages and single-copy all-to-alls, where the kernel allows it, from 0
-// bytes), the copies' rows through the staging buffer; the same with rows moved straight
-// (strided all-gathers by single copy too); and neither. A third of the cases run through
-// execute_async (started, polled, waited for), with the same checks.
+// bytes), the copies' rows through the staging buffer; the same with rows moved straight, in
+// bands of a few rows (strided all-gathers by single copy too); and neither. A third of the cases
+// run through execute_async (started, polled, waited for), with the same checks.
 //
 //   mpirun -np 8 test_mpi_random [cases] [seed]      (ctest: 400 cases, seed 1)
 #include <dtensor/backend/mpi.hpp>
@@ -76,7 +76,8 @@ RandomCase draw(std::mt19937& rng) {
 }
 
 // The backend's options for variant 0 (defaults), 1 (reductions by messages and single copy at
-// any size, rows staged), 2 (the same, rows straight) and 3 (neither).
+// any size, rows staged), 2 (the same, rows straight, in bands of a row or a few) and 3
+// (neither).
 MpiBackend::Options backend_options(int variant) {
   MpiBackend::Options o;
   if (variant == 1 || variant == 2) {
@@ -85,6 +86,7 @@ MpiBackend::Options backend_options(int variant) {
     o.single_copy_from_bytes = 0;
     o.single_copy_direct_write_from_bytes = o.single_copy_direct_read_from_bytes =
         variant == 1 ? std::numeric_limits<std::size_t>::max() : 0;
+    if (variant == 2) o.single_copy_band_bytes = 64;  // bands of a row or a few
   } else if (variant == 3) {
     o.reduce_by_messages_from_bytes = std::numeric_limits<std::size_t>::max();
     o.single_copy = MpiBackend::SingleCopy::never;
