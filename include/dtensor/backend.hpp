@@ -129,6 +129,18 @@ class ExecutionQueue {
   std::vector<detail::InFlight*> entries_;
 };
 
+namespace detail {
+// Advances one execution whose operation has finished, of any backend of this thread; whether
+// there was one. (A backend's blocking wait calls it too: an operation in flight may move only
+// when polled, and another rank may be waiting for it.)
+inline bool advance_any() {
+  for (ExecutionQueue* queue : all_queues())
+    for (InFlight* entry : queue->entries())
+      if (entry->advance()) return true;  // advancing changes the queues: look again
+  return false;
+}
+}  // namespace detail
+
 // A backend that can start an operation and finish it later, for execute_async: `start_*` take
 // the arguments of the blocking forms and return a Request in flight, whose buffers the caller
 // leaves alone until `test(request)` has returned true (it polls without blocking, and finishes

@@ -160,7 +160,8 @@ int main(int argc, char** argv) {
   // rows through the staging buffer, and with rows moved straight (single_copy_direct_write_ and
   // read_from_bytes 0), where strided all-gathers are read from the peers' sources too (they keep
   // their datatypes otherwise); each in one band of rows and in bands of a few rows
-  // (single_copy_band_bytes 1000: one row per band where a row spans more).
+  // (single_copy_band_bytes 1000: one row per band where a row spans more). f32 runs blocking,
+  // bf16 through execute_async.
   const Strided single[] = {
       {"8", "S(0)", "S(1)", {16, 32}},        {"8", "S(0)", "S(1)", {64, 1024}},
       {"8", "S(0)", "S(2)", {16, 3, 16}},     {"8", "S(0)", "S(1)", {13, 24}},
@@ -185,13 +186,15 @@ int main(int argc, char** argv) {
         for (DType dtype : {DType::f32, DType::bf16}) {
           const Layout src(mesh, parse_placements(c.from), c.shape, dtype);
           const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
+          const bool async = dtype == DType::bf16;  // started by execute_async, polled, waited
           const std::string problem = detail::visit_dtype(dtype, [&]<class T>() {
-            return testing::run_against_simulator<T>(src, dst, backend, nullptr);
+            return testing::run_against_simulator<T>(src, dst, backend, nullptr, {}, false, async);
           });
           verdicts.agree(
-              fmt::format("single copy{}{} {} {} {} {} -> {}",
+              fmt::format("single copy{}{}{} {} {} {} {} -> {}",
                           direct_from == 0 ? " (rows straight)" : "",
-                          band == one_band ? "" : " (bands)", c.mesh, c.shape, dtype, c.from, c.to),
+                          band == one_band ? "" : " (bands)", async ? " (execute_async)" : "",
+                          c.mesh, c.shape, dtype, c.from, c.to),
               problem.empty(), problem);
         }
       }

@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -128,16 +129,16 @@ class MpiBackend {
   // blocks 1.3 to 3.6 times slower than the round (bench/README.md, reduce-scatter).
   static constexpr std::size_t reduce_messages_bytes = std::size_t{1} << 20;
 
-  // Whether a blocking all-to-all whose pieces are strided on one side (S(0) -> S(1),
-  // S(1) -> S(0)) moves them with the kernel's single copy between the ranks' buffers (Linux
+  // Whether an all-to-all whose pieces are strided on one side (S(0) -> S(1), S(1) -> S(0))
+  // moves them with the kernel's single copy between the ranks' buffers (Linux
   // process_vm_writev / process_vm_readv: rows written from 1 KiB and read from 512 B straight,
   // one iovec each, shorter ones packed or unpacked 64 KiB at a time in cache; a band of rows at a
   // time for every member) instead of MPI's derived datatypes, which Open MPI 4.1 moves through
-  // copy-in/copy-out shared-memory fragments (two copies); so does a blocking strided all-gather
+  // copy-in/copy-out shared-memory fragments (two copies); so does a strided all-gather
   // (S(1) -> R) whose rows go straight (pulled through the staging buffer it ran slower than the
   // datatype, bench/README.md). Only where every member of the group runs on this machine and the
-  // kernel lets them reach each other's memory; operations started with start_* (execute_async)
-  // keep the datatypes.
+  // kernel lets them reach each other's memory. Blocking, or started with start_*
+  // (execute_async): then the copies run in the test() that finds the members' addresses in.
   enum class SingleCopy : std::uint8_t {
     automatic,  // where the ranks on this machine have a core each (not oversubscribed)
     always,     // wherever it works (tests)
@@ -209,6 +210,7 @@ class MpiBackend {
       check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
       st.groups.push_back(comm);
     }
+    st.single_copies.assign(static_cast<std::size_t>(mesh.ndim()), 0);
     find_single_copy(options.single_copy);
     check(MPI_Irecv(st.notice_in, sizeof(st.notice_in), MPI_CHAR, MPI_ANY_SOURCE, notice_tag,
                     st.control, &st.notice_request),
@@ -235,6 +237,7 @@ class MpiBackend {
         wide_in_ = std::move(other.wide_in_);
         wide_out_ = std::move(other.wide_out_);
         then_ = std::move(other.then_);
+        keep_ = std::move(other.keep_);
         pieces_type_ = std::move(other.pieces_type_);
         recv_type_ = std::move(other.recv_type_);
         part_types_ = std::move(other.part_types_);
@@ -256,7 +259,10 @@ class MpiBackend {
     const char* call_ = "";
     std::vector<MPI_Request> requests_;
     HostOps::Buffer wide_in_, wide_out_;  // the float copies of an f16/bf16 reduction
-    std::function<void()> then_;
+    // Run once the requests complete; it may start the operation's next stage in the request
+    // (more requests and another then_).
+    std::function<void(Request&)> then_;
+    std::shared_ptr<void> keep_;   // what MPI reads or writes until the requests complete
     detail::MpiType pieces_type_;  // a strided operation's pieces (StridedPieces)
     detail::MpiType recv_type_;    // a strided all-to-all's received pieces
     // A batched all-to-all's datatypes, and the arrays MPI_Ialltoallw reads until it completes.
@@ -273,6 +279,10 @@ class MpiBackend {
       for (detail::MpiType& t : part_types_) t.release();
       wide_in_.abandon();
       wide_out_.abandon();
+      if (keep_) {  // left to MPI, as the above: moved into a copy whose destructor never runs
+        alignas(std::shared_ptr<void>) std::array<std::byte, sizeof(std::shared_ptr<void>)> kept{};
+        new (kept.data()) std::shared_ptr<void>(std::move(keep_));
+      }
     }
   };
 
@@ -310,17 +320,6 @@ class MpiBackend {
   }
   void all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
                           StridedPieces received) {
-    const std::size_t me = static_cast<std::size_t>(mesh_.group(rank_, mesh_dim).index);
-    if (needs_type(sent) && !needs_type(received) && goes_by_single_copy(mesh_dim, sent)) {
-      // Pushed: this rank's strided pieces written into every member's target.
-      single_copy_move(mesh_dim, true, recv, me * sent.piece_bytes(), send, recv, sent);
-      return;
-    }
-    if (!needs_type(sent) && needs_type(received) && goes_by_single_copy(mesh_dim, received)) {
-      // Pulled: every member's contiguous piece for this rank read into its strided place.
-      single_copy_move(mesh_dim, false, send, me * received.piece_bytes(), nullptr, recv, received);
-      return;
-    }
     Request r = start_all_to_all_strided(mesh_dim, send, recv, sent, received);
     wait(r);
   }
@@ -341,12 +340,6 @@ class MpiBackend {
     return state_->single_copy[static_cast<std::size_t>(mesh_dim)] != 0;
   }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
-    if (needs_type(pieces) && pieces.run_bytes >= options_.single_copy_direct_read_from_bytes &&
-        goes_by_single_copy(mesh_dim, pieces)) {
-      // Pulled: every member's contiguous piece read straight into its strided place.
-      single_copy_move(mesh_dim, false, send, 0, nullptr, recv, pieces);
-      return;
-    }
     Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
     wait(r);
   }
@@ -410,6 +403,14 @@ class MpiBackend {
     const bool strided_send = needs_type(sent), strided_recv = needs_type(received);
     if (!strided_send && !strided_recv)  // contiguous pieces, or none
       return start_all_to_all(mesh_dim, send, recv, sent.piece_bytes());
+    const std::size_t me = static_cast<std::size_t>(mesh_.group(rank_, mesh_dim).index);
+    if (strided_send && !strided_recv && goes_by_single_copy(mesh_dim, sent))
+      // Pushed: this rank's strided pieces written into every member's target.
+      return start_single_copy(mesh_dim, true, recv, me * sent.piece_bytes(), send, recv, sent);
+    if (!strided_send && strided_recv && goes_by_single_copy(mesh_dim, received))
+      // Pulled: every member's contiguous piece for this rank read into its strided place.
+      return start_single_copy(mesh_dim, false, send, me * received.piece_bytes(), nullptr, recv,
+                               received);
     Request r = begin("MPI_Ialltoall");
     const MPI_Comm comm = group(mesh_dim);
     const int n = count_of(sent.piece_bytes(), r.call_);
@@ -426,6 +427,10 @@ class MpiBackend {
   Request start_all_gather_strided(int mesh_dim, const void* send, void* recv,
                                    StridedPieces pieces) {
     if (!needs_type(pieces)) return start_all_gather(mesh_dim, send, recv, pieces.piece_bytes());
+    if (pieces.run_bytes >= options_.single_copy_direct_read_from_bytes &&
+        goes_by_single_copy(mesh_dim, pieces))
+      // Pulled: every member's contiguous piece read straight into its strided place.
+      return start_single_copy(mesh_dim, false, send, 0, nullptr, recv, pieces);
     Request r = begin("MPI_Iallgather");
     const MPI_Comm comm = group(mesh_dim);
     const int n = pieces_type(pieces, r.pieces_type_, r);
@@ -528,7 +533,7 @@ class MpiBackend {
            "MPI_Testall");
     if (flag != 0) {
       finish(r);
-      return true;
+      return r.requests_.empty();  // else the operation's next stage has started
     }
     const auto now = std::chrono::steady_clock::now();
     if (!r.deadline_) r.deadline_ = now + options_.timeout;
@@ -541,10 +546,11 @@ class MpiBackend {
     }
     return false;
   }
-  // Waits until `r` has finished (polling: see test()).
+  // Waits until `r` has finished (polling: see test()), advancing the executions in flight on
+  // this thread meanwhile: a single copy of theirs moves on only when polled, and another rank's
+  // wait may need it (it may wait for that execution before starting what `r` needs).
   void wait(Request& r) {
-    while (!test(r)) {
-    }
+    while (!test(r)) detail::advance_any();
   }
 
   // Ends this backend on every rank after an error here: the other ranks get a dtensor::error
@@ -587,6 +593,8 @@ class MpiBackend {
     // its group's members (find_single_copy).
     std::vector<char> single_copy;
     std::vector<std::vector<int>> pids;
+    // Per mesh dim: the single copies started on its group (their tags, start_single_copy).
+    std::vector<unsigned> single_copies;
     // Reduction ops per element type (by detail::dtype_index) and ReduceOp, made on first use.
     MPI_Op ops[8][5] = {};
     ExecutionQueue executions;
@@ -790,31 +798,91 @@ class MpiBackend {
     const auto g = static_cast<std::size_t>(mesh_.size(k));
     return single_copy(k) && runs.piece_bytes() * g >= options_.single_copy_from_bytes;
   }
-  // One strided all-to-all (or, pulling with `remote_offset` 0, all-gather) by single copy:
-  // every member's address of `exposed` gathered, then, band of rows by band, for each member j
-  // (next one first) piece j of this rank's strided side (`runs`: `local_in` when pushing,
-  // `local_out` when pulling) moved to or from the contiguous bytes at member j's `exposed` +
-  // `remote_offset`: written there when `push` (a strided send side), read from there otherwise
-  // (a strided receive side). Rows of Options::single_copy_direct_write_from_bytes (pushing) or
-  // single_copy_direct_read_from_bytes (pulling) and up go straight, one iovec each; shorter ones
-  // 64 KiB at a time, packed into or unpacked from a staging buffer that stays in cache. This
-  // rank's own piece is a local copy (into `local_out`, which is `exposed` when pushing). A
-  // minimum of everyone's success both reports failures and tells each member that every copy
-  // into or out of its buffers is done.
-  void single_copy_move(int k, bool push, const void* exposed, std::size_t remote_offset,
-                        const void* local_in, void* local_out, StridedPieces runs) {
+  // What a single copy in flight holds: the members' addresses, whether this rank's copies
+  // succeeded (and the errno when not), and every other member's word on theirs.
+  struct SingleCopyRun {
+    std::uintptr_t mine = 0;
+    std::vector<std::uintptr_t> where;
+    int ok = 1;
+    int failure = 0;
+    std::vector<int> words;
+  };
+  // Tags of the single copies' words on the control communicator (1 to this), one per single
+  // copy of a group in turn; the abort notices' tag lies above.
+  static constexpr unsigned single_copy_tags = 16384;
+
+  // Starts one strided all-to-all (or, pulling with `remote_offset` 0, all-gather) by single
+  // copy: every member's address of `exposed` gathered (MPI_Iallgather); once they are in, the
+  // next test() makes this rank's copies (single_copy_rows) and sends every member of the group
+  // whether they succeeded, point to point under a tag of this copy's own (copies in flight on
+  // one group may get there in another order on another rank); once every member's word is in,
+  // the operation ends, and throws if a copy failed anywhere. A member's word also tells it that
+  // every copy into or out of its buffers is done.
+  Request start_single_copy(int k, bool push, const void* exposed, std::size_t remote_offset,
+                            const void* local_in, void* local_out, StridedPieces runs) {
+    Request r = begin("MPI_Iallgather");
 #ifdef __linux__
-    const MPI_Comm comm = group(k);
+    const auto g = static_cast<std::size_t>(mesh_.size(k));
+    auto sc = std::make_shared<SingleCopyRun>();
+    sc->mine = reinterpret_cast<std::uintptr_t>(exposed);
+    sc->where.resize(g);
+    sc->words.assign(g, 1);
+    r.keep_ = sc;
+    unsigned& started = state_->single_copies[static_cast<std::size_t>(k)];
+    const int tag = 1 + static_cast<int>(started++ % single_copy_tags);
+    must(MPI_Iallgather(&sc->mine, sizeof sc->mine, MPI_BYTE, sc->where.data(), sizeof sc->mine,
+                        MPI_BYTE, group(k), &r.requests_.emplace_back()),
+         r.call_);
+    r.then_ = [this, sc, k, push, exposed, remote_offset, local_in, local_out, runs,
+               tag](Request& addressed) {
+      single_copy_rows(k, push, exposed, remote_offset, local_in, local_out, runs, *sc);
+      const MeshGroup grp = mesh_.group(rank_, k);
+      addressed.call_ = "MPI_Isend";
+      for (int j = 0; j < grp.size; ++j) {
+        if (j == grp.index) continue;
+        must(MPI_Irecv(&sc->words[static_cast<std::size_t>(j)], 1, MPI_INT, grp.rank(j), tag,
+                       state_->control, &addressed.requests_.emplace_back()),
+             "MPI_Irecv");
+        must(MPI_Isend(&sc->ok, 1, MPI_INT, grp.rank(j), tag, state_->control,
+                       &addressed.requests_.emplace_back()),
+             addressed.call_);
+      }
+      addressed.then_ = [sc, k, push](Request&) {
+        if (sc->ok != 0 && std::ranges::all_of(sc->words, [](int w) { return w != 0; })) return;
+        throw error(std::string("MpiBackend: a single-copy all-to-all failed on mesh dim ") +
+                    std::to_string(k) +
+                    (sc->failure != 0
+                         ? std::string(push ? ": process_vm_writev: " : ": process_vm_readv: ") +
+                               std::system_category().message(sc->failure)
+                         : std::string(" on another rank of its group")));
+      };
+    };
+#else
+    static_cast<void>(k), static_cast<void>(push), static_cast<void>(exposed),
+        static_cast<void>(remote_offset), static_cast<void>(local_in), static_cast<void>(local_out),
+        static_cast<void>(runs);
+    throw error("MpiBackend: single copy needs Linux");
+#endif
+    return r;
+  }
+
+#ifdef __linux__
+  // This rank's copies of a single copy whose members' addresses are in `sc`: band of rows by
+  // band, for each member j (next one first) piece j of this rank's strided side (`runs`:
+  // `local_in` when pushing, `local_out` when pulling) moved to or from the contiguous bytes at
+  // member j's `exposed` + `remote_offset`: written there when `push` (a strided send side), read
+  // from there otherwise (a strided receive side). Rows of
+  // Options::single_copy_direct_write_from_bytes (pushing) or single_copy_direct_read_from_bytes
+  // (pulling) and up go straight, one iovec each; shorter ones 64 KiB at a time, packed into or
+  // unpacked from a staging buffer that stays in cache. This rank's own piece is a local copy
+  // (into `local_out`, which is `exposed` when pushing). A failure is left in `sc` (no more
+  // copies are tried after it).
+  void single_copy_rows(int k, bool push, const void* exposed, std::size_t remote_offset,
+                        const void* local_in, void* local_out, StridedPieces runs,
+                        SingleCopyRun& sc) {
     const MeshGroup grp = mesh_.group(rank_, k);
     const auto g = static_cast<std::size_t>(grp.size);
     const auto me = static_cast<std::size_t>(grp.index);
-    std::vector<std::uintptr_t> where(g);
-    const auto mine = reinterpret_cast<std::uintptr_t>(exposed);
-    Request addresses = begin("MPI_Iallgather");
-    must(MPI_Iallgather(&mine, sizeof mine, MPI_BYTE, where.data(), sizeof mine, MPI_BYTE, comm,
-                        &addresses.requests_.emplace_back()),
-         addresses.call_);
-    wait(addresses);
     const std::size_t run = runs.run_bytes;
     const bool direct = run >= (push ? options_.single_copy_direct_write_from_bytes
                                      : options_.single_copy_direct_read_from_bytes);
@@ -825,8 +893,9 @@ class MpiBackend {
     std::vector<std::byte> staging(direct ? 0 : std::min(rows_per, runs.rows) * run);
     std::vector<iovec> rows(direct ? std::min(rows_per, runs.rows) : 0);
     const std::vector<int>& pids = state_->pids[static_cast<std::size_t>(k)];
-    int ok = 1;
-    int failure = 0;
+    const std::vector<std::uintptr_t>& where = sc.where;
+    int& ok = sc.ok;
+    int& failure = sc.failure;
     // Rows [row, row + m) of member j's piece: a local copy for this rank's own, else one
     // kernel call (straight, or through the staging buffer).
     const auto move_rows = [&](std::size_t j, std::size_t row, std::size_t m) {
@@ -893,24 +962,8 @@ class MpiBackend {
         for (std::size_t row = first; row < last; row += rows_per)
           move_rows((me + step) % g, row, std::min(rows_per, last - row));
     }
-    Request done = begin("MPI_Iallreduce");
-    must(MPI_Iallreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm,
-                        &done.requests_.emplace_back()),
-         done.call_);
-    wait(done);
-    if (ok == 0)
-      throw error(std::string("MpiBackend: a single-copy all-to-all failed on mesh dim ") +
-                  std::to_string(k) +
-                  (failure != 0
-                       ? std::string(push ? ": process_vm_writev: " : ": process_vm_readv: ") +
-                             std::system_category().message(failure)
-                       : std::string(" on another rank of its group")));
-#else
-    static_cast<void>(k), static_cast<void>(push), static_cast<void>(exposed),
-        static_cast<void>(remote_offset), static_cast<void>(local_in), static_cast<void>(local_out),
-        static_cast<void>(runs);
-#endif
   }
+#endif
 
   // The most iovecs one process_vm_readv or process_vm_writev takes (Linux's UIO_MAXIOV).
   static constexpr std::size_t max_iovecs = 1024;
@@ -1012,8 +1065,10 @@ class MpiBackend {
     r.counts_.clear();
     r.type_args_.clear();
     r.wide_in_ = {};
-    if (r.then_) std::exchange(r.then_, nullptr)();
+    // The next stage, if any: one that starts no requests is followed at once by its own next.
+    while (r.then_ && r.requests_.empty()) std::exchange(r.then_, nullptr)(r);
     r.wide_out_ = {};
+    if (r.requests_.empty()) r.keep_.reset();
   }
 
   // Starts a reduce-scatter (each member gets its `count` elements of `count` * g) or an
@@ -1048,7 +1103,7 @@ class MpiBackend {
              r.call_);
       // Once complete: the average, and the narrowing back to f16 or bf16.
       if (op == ReduceOp::avg || !std::is_same_v<C, T>)
-        r.then_ = [out, recv, count, g, op] {
+        r.then_ = [out, recv, count, g, op](Request&) {
           static_cast<void>(recv);  // written only when narrowing (C is not T)
           if (op == ReduceOp::avg)
             for (std::size_t i = 0; i < count; ++i)

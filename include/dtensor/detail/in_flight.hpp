@@ -125,15 +125,6 @@ void start_parked(ExecutionQueue& queue) {
   }
 }
 
-// Advances one execution whose operation has finished, of any backend of this thread; whether
-// there was one.
-inline bool advance_any() {
-  for (ExecutionQueue* queue : all_queues())
-    for (InFlight* entry : queue->entries())
-      if (entry->advance()) return true;  // advancing changes the queues: look again
-  return false;
-}
-
 // Whether any execution of this thread has an operation in flight.
 inline bool any_in_flight() {
   for (const ExecutionQueue* queue : all_queues())
