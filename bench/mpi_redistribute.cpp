@@ -1,9 +1,10 @@
 // A redistribution over MPI against the bare MPI collective moving the same bytes, per message
 // size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute [runs]
-// [collective] [chunk] [direct] [band] ([collective]: only the rows whose collective starts with
-// that name, e.g. all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes in KiB;
-// [direct]: single_copy_direct_write_from_bytes and _read_from_bytes in bytes, -1 for never;
-// [band]: single_copy_band_bytes in KiB)
+// [collective] [chunk] [direct] [band] [async] ([collective]: only the rows whose collective
+// starts with that name, e.g. all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes
+// in KiB; [direct]: single_copy_direct_write_from_bytes and _read_from_bytes in bytes, -1 for
+// never; [band]: single_copy_band_bytes in KiB; [async]: 1 to run each redistribution as
+// execute_async(...).wait(); "-" keeps an option's default)
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -33,18 +34,22 @@ int main(int argc, char** argv) {
   const int iterations = argc > 1 ? std::max(1, std::atoi(argv[1])) : 10;
   const std::string_view only = argc > 2 ? argv[2] : "";
   const DeviceMesh mesh({size});
-  // [chunk KiB]: MpiBackend::Options::single_copy_chunk_bytes.
+  // The options after [collective] ("-" keeps an option's default).
+  const auto given = [&](int i) { return argc > i && std::string_view(argv[i]) != "-"; };
   MpiBackend::Options options;
-  if (argc > 3)
+  // [chunk KiB]: MpiBackend::Options::single_copy_chunk_bytes.
+  if (given(3))
     options.single_copy_chunk_bytes = std::size_t(std::max(1, std::atoi(argv[3]))) << 10;
   // [direct bytes]: MpiBackend::Options::single_copy_direct_write_from_bytes and
   // single_copy_direct_read_from_bytes (-1: never).
-  if (argc > 4)
+  if (given(4))
     options.single_copy_direct_write_from_bytes = options.single_copy_direct_read_from_bytes =
         std::atoi(argv[4]) < 0 ? std::numeric_limits<std::size_t>::max()
                                : std::size_t(std::atoi(argv[4]));
   // [band KiB]: MpiBackend::Options::single_copy_band_bytes.
-  if (argc > 5) options.single_copy_band_bytes = std::size_t(std::max(1, std::atoi(argv[5]))) << 10;
+  if (given(5)) options.single_copy_band_bytes = std::size_t(std::max(1, std::atoi(argv[5]))) << 10;
+  // [async]: started by execute_async and waited for.
+  const bool async = given(6) && std::atoi(argv[6]) == 1;
   MpiBackend backend(mesh, MPI_COMM_WORLD, options);
   struct Case {
     std::string_view name, from, to;
@@ -89,7 +94,13 @@ int main(int argc, char** argv) {
       std::vector<float> in(static_cast<std::size_t>(src.local_numel(rank)), 1.0f);
       std::vector<float> out(static_cast<std::size_t>(dst.local_numel(rank)));
       const double ours = bench::median_seconds(
-          [&] { execute(plan, backend, std::span<const float>(in), std::span<float>(out)); },
+          [&] {
+            if (async)
+              execute_async(plan, backend, std::span<const float>(in), std::span<float>(out))
+                  .wait();
+            else
+              execute(plan, backend, std::span<const float>(in), std::span<float>(out));
+          },
           iterations);
       // The bare collective on the same buffers.
       const auto count = static_cast<int>(std::min(in.size(), out.size()));
