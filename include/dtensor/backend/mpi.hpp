@@ -798,9 +798,17 @@ class MpiBackend {
     const auto g = static_cast<std::size_t>(mesh_.size(k));
     return single_copy(k) && runs.piece_bytes() * g >= options_.single_copy_from_bytes;
   }
-  // What a single copy in flight holds: the members' addresses, whether this rank's copies
-  // succeeded (and the errno when not), and every other member's word on theirs.
+  // A single copy in flight: what it moves (start_single_copy's arguments), the members'
+  // addresses, whether this rank's copies succeeded (and the errno when not), and every other
+  // member's word on theirs.
   struct SingleCopyRun {
+    int k = 0;
+    bool push = false;
+    const void* exposed = nullptr;
+    std::size_t remote_offset = 0;
+    const void* local_in = nullptr;
+    void* local_out = nullptr;
+    StridedPieces runs;
     std::uintptr_t mine = 0;
     std::vector<std::uintptr_t> where;
     int ok = 1;
@@ -823,20 +831,19 @@ class MpiBackend {
     Request r = begin("MPI_Iallgather");
 #ifdef __linux__
     const auto g = static_cast<std::size_t>(mesh_.size(k));
-    auto sc = std::make_shared<SingleCopyRun>();
-    sc->mine = reinterpret_cast<std::uintptr_t>(exposed);
-    sc->where.resize(g);
-    sc->words.assign(g, 1);
+    auto sc = std::make_shared<SingleCopyRun>(
+        SingleCopyRun{k, push, exposed, remote_offset, local_in, local_out, runs,
+                      reinterpret_cast<std::uintptr_t>(exposed), std::vector<std::uintptr_t>(g), 1,
+                      0, std::vector<int>(g, 1)});
     r.keep_ = sc;
     unsigned& started = state_->single_copies[static_cast<std::size_t>(k)];
     const int tag = 1 + static_cast<int>(started++ % single_copy_tags);
     must(MPI_Iallgather(&sc->mine, sizeof sc->mine, MPI_BYTE, sc->where.data(), sizeof sc->mine,
                         MPI_BYTE, group(k), &r.requests_.emplace_back()),
          r.call_);
-    r.then_ = [this, sc, k, push, exposed, remote_offset, local_in, local_out, runs,
-               tag](Request& addressed) {
-      single_copy_rows(k, push, exposed, remote_offset, local_in, local_out, runs, *sc);
-      const MeshGroup grp = mesh_.group(rank_, k);
+    r.then_ = [this, sc, tag](Request& addressed) {
+      single_copy_rows(*sc);
+      const MeshGroup grp = mesh_.group(rank_, sc->k);
       addressed.call_ = "MPI_Isend";
       for (int j = 0; j < grp.size; ++j) {
         if (j == grp.index) continue;
@@ -847,14 +854,14 @@ class MpiBackend {
                        &addressed.requests_.emplace_back()),
              addressed.call_);
       }
-      addressed.then_ = [sc, k, push](Request&) {
+      addressed.then_ = [sc](Request&) {
         if (sc->ok != 0 && std::ranges::all_of(sc->words, [](int w) { return w != 0; })) return;
         throw error(std::string("MpiBackend: a single-copy all-to-all failed on mesh dim ") +
-                    std::to_string(k) +
-                    (sc->failure != 0
-                         ? std::string(push ? ": process_vm_writev: " : ": process_vm_readv: ") +
-                               std::system_category().message(sc->failure)
-                         : std::string(" on another rank of its group")));
+                    std::to_string(sc->k) +
+                    (sc->failure != 0 ? std::string(sc->push ? ": process_vm_writev: "
+                                                             : ": process_vm_readv: ") +
+                                            std::system_category().message(sc->failure)
+                                      : std::string(" on another rank of its group")));
       };
     };
 #else
@@ -867,7 +874,7 @@ class MpiBackend {
   }
 
 #ifdef __linux__
-  // This rank's copies of a single copy whose members' addresses are in `sc`: band of rows by
+  // This rank's copies of single copy `sc`, whose members' addresses are in: band of rows by
   // band, for each member j (next one first) piece j of this rank's strided side (`runs`:
   // `local_in` when pushing, `local_out` when pulling) moved to or from the contiguous bytes at
   // member j's `exposed` + `remote_offset`: written there when `push` (a strided send side), read
@@ -877,9 +884,14 @@ class MpiBackend {
   // unpacked from a staging buffer that stays in cache. This rank's own piece is a local copy
   // (into `local_out`, which is `exposed` when pushing). A failure is left in `sc` (no more
   // copies are tried after it).
-  void single_copy_rows(int k, bool push, const void* exposed, std::size_t remote_offset,
-                        const void* local_in, void* local_out, StridedPieces runs,
-                        SingleCopyRun& sc) {
+  void single_copy_rows(SingleCopyRun& sc) {
+    const int k = sc.k;
+    const bool push = sc.push;
+    const void* const exposed = sc.exposed;
+    const std::size_t remote_offset = sc.remote_offset;
+    const void* const local_in = sc.local_in;
+    void* const local_out = sc.local_out;
+    const StridedPieces runs = sc.runs;
     const MeshGroup grp = mesh_.group(rank_, k);
     const auto g = static_cast<std::size_t>(grp.size);
     const auto me = static_cast<std::size_t>(grp.index);
