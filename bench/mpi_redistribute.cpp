@@ -1,10 +1,14 @@
 // A redistribution over MPI against the bare MPI collective moving the same bytes, per message
 // size, nccl-tests style. Run: mpirun -np 8 build/release/bench/bench_mpi_redistribute [runs]
-// [collective] [chunk] [direct] [band] [async] ([collective]: only the rows whose collective
-// starts with that name, e.g. all_to_all; [chunk]: MpiBackend::Options::single_copy_chunk_bytes
-// in KiB; [direct]: single_copy_direct_write_from_bytes and _read_from_bytes in bytes, -1 for
-// never; [band]: single_copy_band_bytes in KiB; [async]: 1 to run each redistribution as
-// execute_async(...).wait(); "-" keeps an option's default)
+// [collective] [chunk] [direct] [band] [async] [sizes] [messages] ([collective]: only the rows
+// whose collective starts with that name, e.g. all_to_all; [chunk]:
+// MpiBackend::Options::single_copy_chunk_bytes in KiB; [direct]:
+// single_copy_direct_write_from_bytes and _read_from_bytes in bytes, -1 for never; [band]:
+// single_copy_band_bytes in KiB; [async]: 1 to run each redistribution as
+// execute_async(...).wait(); [sizes]: the larger side per rank in KiB, comma-separated, by
+// default 1024,4096,16384,65536; [messages]: move_by_messages_below_bytes and
+// reduce_by_messages_from_bytes in KiB, "never" or "always" for both; "-" keeps an option's
+// default)
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -16,7 +20,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -50,6 +56,28 @@ int main(int argc, char** argv) {
   if (given(5)) options.single_copy_band_bytes = std::size_t(std::max(1, std::atoi(argv[5]))) << 10;
   // [async]: started by execute_async and waited for.
   const bool async = given(6) && std::atoi(argv[6]) == 1;
+  // [sizes KiB].
+  std::vector<std::int64_t> sizes_kib{1024, 4096, 16384, 65536};
+  if (given(7)) {
+    sizes_kib.clear();
+    for (std::string_view rest = argv[7]; !rest.empty();) {
+      const std::size_t comma = std::min(rest.find(','), rest.size());
+      sizes_kib.push_back(
+          std::max<std::int64_t>(4, std::atoll(std::string(rest.substr(0, comma)).c_str())));
+      rest.remove_prefix(std::min(comma + 1, rest.size()));
+    }
+  }
+  // [messages KiB]: the point-to-point rounds' thresholds.
+  if (given(8)) {
+    const std::string_view m = argv[8];
+    const std::size_t kib = m == "never"    ? 0
+                            : m == "always" ? std::numeric_limits<std::size_t>::max() >> 10
+                                            : std::size_t(std::max(0, std::atoi(argv[8])));
+    options.move_by_messages_below_bytes = kib << 10;
+    options.reduce_by_messages_from_bytes = m == "never" ? std::numeric_limits<std::size_t>::max()
+                                            : m == "always" ? 0
+                                                            : kib << 10;
+  }
   MpiBackend backend(mesh, MPI_COMM_WORLD, options);
   struct Case {
     std::string_view name, from, to;
@@ -77,13 +105,15 @@ int main(int argc, char** argv) {
         "ratio");
   for (const Case& c : cases) {
     if (!c.name.starts_with(only)) continue;
-    for (std::int64_t mib : {1, 4, 16, 64}) {
-      // A [rows, 1024] f32 tensor whose larger per-rank side is `mib` MiB: `mib` MiB in all
-      // where a side replicates or holds partials, `size` times that where both shard.
-      const std::int64_t row_bytes = 1024 * 4;
-      const std::int64_t full_rows = mib * 1024 * 1024 / row_bytes;
+    for (const std::int64_t kib : sizes_kib) {
+      // A [rows, cols] f32 tensor whose larger per-rank side is `kib` KiB: `kib` KiB in all
+      // where a side replicates or holds partials, `size` times that where both shard; 1024
+      // columns, or fewer where that leaves fewer rows than ranks.
+      const std::int64_t cols = std::clamp<std::int64_t>(kib * 1024 / (4 * size), size, 1024);
+      const std::int64_t row_bytes = cols * 4;
+      const std::int64_t full_rows = kib * 1024 / row_bytes;
       const auto layout = [&](std::string_view placements, std::int64_t rows) {
-        return Layout(mesh, parse_placements(placements), {rows, 1024}, DType::f32);
+        return Layout(mesh, parse_placements(placements), {rows, cols}, DType::f32);
       };
       const std::int64_t larger = std::max(layout(c.from, full_rows).max_local_bytes(),
                                            layout(c.to, full_rows).max_local_bytes());
@@ -106,9 +136,10 @@ int main(int argc, char** argv) {
       const auto count = static_cast<int>(std::min(in.size(), out.size()));
       // all_to_all_dtype: member j's piece is columns [j * 1024 / size, (j + 1) * 1024 / size)
       // of every local row.
-      const int run = 1024 / size * 4;
+      const auto run = static_cast<int>(cols / size * 4);
       MPI_Datatype vector = MPI_DATATYPE_NULL, columns = MPI_DATATYPE_NULL;
-      MPI_Type_create_hvector(static_cast<int>(in.size() / 1024), run, 1024 * 4, MPI_BYTE, &vector);
+      MPI_Type_create_hvector(static_cast<int>(in.size() / static_cast<std::size_t>(cols)), run,
+                              cols * 4, MPI_BYTE, &vector);
       MPI_Type_create_resized(vector, 0, run, &columns);
       MPI_Type_commit(&columns);
       MPI_Type_free(&vector);
@@ -134,8 +165,8 @@ int main(int argc, char** argv) {
       const double bytes = double(std::max(in.size(), out.size()) * sizeof(float));
       const double algbw = bytes / ours / 1e9;
       if (rank == 0)
-        fmt::print("{:>16} {:>7} MiB {:>12.1f} {:>12.1f} {:>8.2f} GB/s {:>6.2f} GB/s {:>8.3f}\n",
-                   c.name, mib, ours * 1e6, bare * 1e6, algbw, algbw * c.busbw_factor, ours / bare);
+        fmt::print("{:>16} {:>7} KiB {:>12.1f} {:>12.1f} {:>8.2f} GB/s {:>6.2f} GB/s {:>8.3f}\n",
+                   c.name, kib, ours * 1e6, bare * 1e6, algbw, algbw * c.busbw_factor, ours / bare);
     }
   }
   MPI_Finalize();

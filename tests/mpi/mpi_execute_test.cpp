@@ -221,39 +221,42 @@ int main(int argc, char** argv) {
       }
     }
   // An all-gather in place (each rank's source at its slab of the target, MPI_IN_PLACE's
-  // layout), blocking and started, on 8 and on 2x4's mesh dim 1.
-  for (const auto& [m, from] : {std::pair{"8", "S(0)"}, std::pair{"2x4", "R,S(0)"}}) {
-    const DeviceMesh mesh = parse_mesh(m);
-    if (mesh.size() != world_size) continue;
-    MpiBackend backend(mesh);
-    const Layout src(mesh, parse_placements(from), {64, 40}, DType::f32);
-    const Layout dst =
-        src.with_placements(Placements(static_cast<std::size_t>(mesh.ndim()), Replicate()));
-    const Plan plan = plan_redistribute(src, dst);
-    for (const bool async : {false, true}) {
-      const std::vector<float> mine = global_view_block<float>(src, world_rank);
-      const std::vector<float> want = global_view_block<float>(dst, world_rank);
-      std::vector<float> buffer(want.size(), -1.0f);
-      const std::size_t slot =
-          static_cast<std::size_t>(mesh.coordinate(world_rank).back()) * mine.size();
-      std::copy(mine.begin(), mine.end(), buffer.begin() + static_cast<std::ptrdiff_t>(slot));
-      std::string problem;
-      try {
-        if (async)
-          execute_async(plan, backend, buffer.data() + slot, mine.size() * 4, buffer.data(),
-                        buffer.size() * 4)
-              .wait();
-        else
-          execute(plan, backend, buffer.data() + slot, mine.size() * 4, buffer.data(),
-                  buffer.size() * 4);
-        if (buffer != want) problem = "values differ";
-      } catch (const std::exception& e) {
-        problem = e.what();
+  // layout), blocking and started, on 8 and on 2x4's mesh dim 1, by messages (the default at
+  // this size) and by MPI_Iallgather.
+  for (const std::size_t below : {MpiBackend::move_messages_bytes, std::size_t{0}})
+    for (const auto& [m, from] : {std::pair{"8", "S(0)"}, std::pair{"2x4", "R,S(0)"}}) {
+      const DeviceMesh mesh = parse_mesh(m);
+      if (mesh.size() != world_size) continue;
+      MpiBackend backend(mesh, MPI_COMM_WORLD, {.move_by_messages_below_bytes = below});
+      const Layout src(mesh, parse_placements(from), {64, 40}, DType::f32);
+      const Layout dst =
+          src.with_placements(Placements(static_cast<std::size_t>(mesh.ndim()), Replicate()));
+      const Plan plan = plan_redistribute(src, dst);
+      for (const bool async : {false, true}) {
+        const std::vector<float> mine = global_view_block<float>(src, world_rank);
+        const std::vector<float> want = global_view_block<float>(dst, world_rank);
+        std::vector<float> buffer(want.size(), -1.0f);
+        const std::size_t slot =
+            static_cast<std::size_t>(mesh.coordinate(world_rank).back()) * mine.size();
+        std::copy(mine.begin(), mine.end(), buffer.begin() + static_cast<std::ptrdiff_t>(slot));
+        std::string problem;
+        try {
+          if (async)
+            execute_async(plan, backend, buffer.data() + slot, mine.size() * 4, buffer.data(),
+                          buffer.size() * 4)
+                .wait();
+          else
+            execute(plan, backend, buffer.data() + slot, mine.size() * 4, buffer.data(),
+                    buffer.size() * 4);
+          if (buffer != want) problem = "values differ";
+        } catch (const std::exception& e) {
+          problem = e.what();
+        }
+        verdicts.agree(fmt::format("all-gather in place {} {} (async {}, {})", m, from, async,
+                                   below == 0 ? "MPI_Iallgather" : "by messages"),
+                       problem.empty(), problem);
       }
-      verdicts.agree(fmt::format("all-gather in place {} {} (async {})", m, from, async),
-                     problem.empty(), problem);
     }
-  }
   // A bad argument is an exception, not an abort: a mesh that is not the world.
   bool refused = false;
   try {

@@ -75,13 +75,14 @@ RandomCase draw(std::mt19937& rng) {
   return c;
 }
 
-// The backend's options for variant 0 (defaults), 1 (reductions by messages and single copy at
-// any size, rows staged), 2 (the same, rows straight, in bands of a row or a few) and 3
-// (neither).
+// The backend's options for variant 0 (defaults), 1 (reductions, all-gathers and all-to-alls by
+// messages and single copy at any size, rows staged), 2 (the same, rows straight, in bands of a
+// row or a few) and 3 (none of them: MPI's collectives).
 MpiBackend::Options backend_options(int variant) {
   MpiBackend::Options o;
   if (variant == 1 || variant == 2) {
     o.reduce_by_messages_from_bytes = 0;
+    o.move_by_messages_below_bytes = std::numeric_limits<std::size_t>::max();
     o.single_copy = MpiBackend::SingleCopy::always;
     o.single_copy_from_bytes = 0;
     o.single_copy_direct_write_from_bytes = o.single_copy_direct_read_from_bytes =
@@ -89,6 +90,7 @@ MpiBackend::Options backend_options(int variant) {
     if (variant == 2) o.single_copy_band_bytes = 64;  // bands of a row or a few
   } else if (variant == 3) {
     o.reduce_by_messages_from_bytes = std::numeric_limits<std::size_t>::max();
+    o.move_by_messages_below_bytes = 0;
     o.single_copy = MpiBackend::SingleCopy::never;
   }
   return o;

@@ -128,6 +128,14 @@ class MpiBackend {
   // all-reduce as two (Options::reduce_by_messages_from_bytes): Open MPI 4.1 reduces large
   // blocks 1.3 to 3.6 times slower than the round (bench/README.md, reduce-scatter).
   static constexpr std::size_t reduce_messages_bytes = std::size_t{1} << 20;
+  // By default, an all-gather or all-to-all of fewer bytes than this (the gathered block, or all
+  // the pieces a member sends) runs as one point-to-point round, every piece sent straight from
+  // where it lies to where it goes, rather than MPI_Iallgather or MPI_Ialltoall
+  // (Options::move_by_messages_below_bytes): with a core per rank, Open MPI 4.1's nonblocking
+  // all-gather took 1.2 to 2.3 times the blocking one's time from 4 KiB to 2 MiB gathered, where
+  // the round takes about the blocking time (bench/README.md); from a few MiB the collective is
+  // as fast or faster.
+  static constexpr std::size_t move_messages_bytes = std::size_t{4} << 20;
 
   // Whether an all-to-all whose pieces are strided on one side (S(0) -> S(1), S(1) -> S(0))
   // moves them with the kernel's single copy between the ranks' buffers (Linux
@@ -174,6 +182,11 @@ class MpiBackend {
     // SIZE_MAX never (an MPI whose reductions are fast, e.g. across machines). The same on
     // every rank; workspace_bytes(plan, backend) counts the scratch this choice takes.
     std::size_t reduce_by_messages_from_bytes = reduce_messages_bytes;
+    // Below how many bytes (the gathered block, or all the pieces a member sends) an all-gather
+    // or all-to-all that does not go by single copy runs as one point-to-point round instead of
+    // MPI's collective: 0 never, SIZE_MAX always. The same on every rank (every member moves as
+    // much). The same bytes either way, and no scratch.
+    std::size_t move_by_messages_below_bytes = move_messages_bytes;
     // From how many bytes (all members, all tensors) a batch's all-to-all round, and its
     // all-gather round, run from the tensors' buffers (one MPI_Ialltoallw of derived datatypes)
     // instead of packing: SIZE_MAX never. The same on every rank; workspace_bytes(batch,
@@ -366,9 +379,12 @@ class MpiBackend {
   // The same operations started and finished later (AsyncBackend), with MPI's nonblocking
   // collectives: execute_async overlaps them with the caller's work.
   Request start_all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    const MeshGroup grp = mesh_.group(rank_, mesh_dim);
+    if (by_messages(grp, bytes))
+      return start_all_gather_by_messages(mesh_dim, grp, send, recv, bytes);
     Request r = begin("MPI_Iallgather");
     const int n = count_of(bytes, r.call_);
-    const auto index = static_cast<std::size_t>(mesh_.group(rank_, mesh_dim).index);
+    const auto index = static_cast<std::size_t>(grp.index);
     const bool in_place = send == static_cast<const std::byte*>(recv) + index * bytes;
     must(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE,
                         group(mesh_dim), &r.requests_.emplace_back()),
@@ -388,6 +404,11 @@ class MpiBackend {
     return r;
   }
   Request start_all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    const MeshGroup grp = mesh_.group(rank_, mesh_dim);
+    if (by_messages(grp, bytes)) {
+      const StridedPieces slabs{1, bytes, bytes * static_cast<std::size_t>(grp.size)};
+      return start_all_to_all_by_messages(grp, send, slabs, recv, slabs);
+    }
     Request r = begin("MPI_Ialltoall");
     const int n = count_of(bytes, r.call_);
     must(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, group(mesh_dim),
@@ -411,6 +432,9 @@ class MpiBackend {
       // Pulled: every member's contiguous piece for this rank read into its strided place.
       return start_single_copy(mesh_dim, false, send, me * received.piece_bytes(), nullptr, recv,
                                received);
+    const MeshGroup grp = mesh_.group(rank_, mesh_dim);
+    if (by_messages(grp, sent.piece_bytes()))
+      return start_all_to_all_by_messages(grp, send, sent, recv, received);
     Request r = begin("MPI_Ialltoall");
     const MPI_Comm comm = group(mesh_dim);
     const int n = count_of(sent.piece_bytes(), r.call_);
@@ -431,6 +455,12 @@ class MpiBackend {
         goes_by_single_copy(mesh_dim, pieces))
       // Pulled: every member's contiguous piece read straight into its strided place.
       return start_single_copy(mesh_dim, false, send, 0, nullptr, recv, pieces);
+    const MeshGroup grp = mesh_.group(rank_, mesh_dim);
+    if (by_messages(grp, pieces.piece_bytes())) {
+      // Every member's piece from where it lies (contiguous) to where it goes.
+      const StridedPieces whole{1, pieces.piece_bytes(), 0};
+      return start_all_to_all_by_messages(grp, send, whole, recv, pieces);
+    }
     Request r = begin("MPI_Iallgather");
     const MPI_Comm comm = group(mesh_dim);
     const int n = pieces_type(pieces, r.pieces_type_, r);
@@ -633,6 +663,59 @@ class MpiBackend {
   };
 
   // A new request for `call`, once the backend is known to be usable.
+  // Whether an all-gather or all-to-all of `bytes` per member goes as one point-to-point round
+  // (Options::move_by_messages_below_bytes).
+  [[nodiscard]] bool by_messages(const MeshGroup& grp, std::size_t bytes) const noexcept {
+    const std::size_t below = options_.move_by_messages_below_bytes;  // bytes * size < below
+    return below != 0 && bytes <= (below - 1) / static_cast<std::size_t>(grp.size);
+  }
+  // An all-to-all as one point-to-point round (StridedExchange's): piece j of `send`, laid out as
+  // `sent` says, to member j, and member j's piece to where `received` puts piece j in `recv`;
+  // each member in ring order from this one. `sent.stride_bytes == 0`: one piece for every
+  // member (an all-gather's).
+  Request start_all_to_all_by_messages(const MeshGroup& grp, const void* send, StridedPieces sent,
+                                       void* recv, StridedPieces received) {
+    std::vector<StridedSendMessage> sends;
+    std::vector<StridedRecvMessage> recvs;
+    sends.reserve(static_cast<std::size_t>(grp.size));
+    recvs.reserve(static_cast<std::size_t>(grp.size));
+    for (int s = 0; s < grp.size; ++s) {
+      const auto to = static_cast<std::size_t>((grp.index + s) % grp.size);
+      const auto from = static_cast<std::size_t>((grp.index - s + grp.size) % grp.size);
+      sends.push_back(
+          {grp.rank(static_cast<int>(to)),
+           static_cast<const std::byte*>(send) + (sent.stride_bytes == 0 ? 0 : to * sent.run_bytes),
+           sent});
+      recvs.push_back({grp.rank(static_cast<int>(from)),
+                       static_cast<std::byte*>(recv) + from * received.run_bytes, received});
+    }
+    return start_exchange_strided(sends, recvs);
+  }
+  // An all-gather as one point-to-point round on the group's communicator
+  // (Options::move_by_messages_below_bytes): every other member's piece received straight into
+  // its place, this rank's piece sent to every other member, in ring order from each.
+  Request start_all_gather_by_messages(int mesh_dim, const MeshGroup& grp, const void* send,
+                                       void* recv, std::size_t bytes) {
+    constexpr int tag = 0x6761;  // "ga"
+    Request r = begin("MPI_Isend/MPI_Irecv of an all-gather");
+    const int n = count_of(bytes, r.call_);
+    const MPI_Comm comm = group(mesh_dim);
+    const int g = grp.size, me = grp.index;
+    auto* out = static_cast<std::byte*>(recv);
+    auto slot = [&](int j) { return out + static_cast<std::size_t>(j) * bytes; };
+    if (bytes == 0) return r;
+    r.requests_.reserve(2 * static_cast<std::size_t>(g - 1));
+    for (int s = 1; s < g; ++s) {
+      const int from = (me - s + g) % g;
+      must(MPI_Irecv(slot(from), n, MPI_BYTE, from, tag, comm, &r.requests_.emplace_back()),
+           "MPI_Irecv");
+    }
+    for (int s = 1; s < g; ++s)
+      must(MPI_Isend(send, n, MPI_BYTE, (me + s) % g, tag, comm, &r.requests_.emplace_back()),
+           "MPI_Isend");
+    if (send != slot(me)) std::memcpy(slot(me), send, bytes);
+    return r;
+  }
   Request begin(const char* call) {
     check_notices();
     Request r;
