@@ -522,14 +522,21 @@ class MpiBackend {
     std::vector<MPI_Request>& requests = request.requests_;
     requests.reserve(sends.size() + recvs.size());
     const MPI_Comm world = state_->world;
-    // One contiguous run goes as bytes, more as a datatype of its runs.
+    // One contiguous run goes as bytes, more as a datatype of its runs: one per shape of runs
+    // (an all-to-all's pieces share theirs), built and committed once.
+    std::vector<std::pair<StridedPieces, MPI_Datatype>> built;
     auto type_of = [&](StridedPieces runs, const char* call, int& count) {
       count = count_of(runs.piece_bytes(), call);
       if (!needs_type(runs)) return MPI_Datatype{MPI_BYTE};
+      count = 1;
+      for (const auto& [shape, type] : built)
+        if (shape.rows == runs.rows && shape.run_bytes == runs.run_bytes &&
+            shape.stride_bytes == runs.stride_bytes)
+          return type;
       detail::MpiType& t = request.part_types_.emplace_back();
       runs_type(runs, t, call);
       must(MPI_Type_commit(t.handle()), "MPI_Type_commit");
-      count = 1;
+      built.emplace_back(runs, t.get());
       return t.get();
     };
     for (const StridedRecvMessage& r : recvs)
