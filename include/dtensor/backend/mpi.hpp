@@ -669,7 +669,6 @@ class MpiBackend {
     }
   };
 
-  // A new request for `call`, once the backend is known to be usable.
   // Whether an all-gather or all-to-all of `bytes` per member goes as one point-to-point round
   // (Options::move_by_messages_below_bytes).
   [[nodiscard]] bool by_messages(const MeshGroup& grp, std::size_t bytes) const noexcept {
@@ -698,9 +697,11 @@ class MpiBackend {
     }
     return start_exchange_strided(sends, recvs);
   }
-  // An all-gather as one point-to-point round on the group's communicator
+  // An all-gather of contiguous pieces as one point-to-point round on the group's communicator
   // (Options::move_by_messages_below_bytes): every other member's piece received straight into
-  // its place, this rank's piece sent to every other member, in ring order from each.
+  // its place, this rank's piece sent to every other member, in ring order from each. (A strided
+  // one goes through start_all_to_all_by_messages; this, the common case, builds no message
+  // lists and copies nothing when the source is in place.)
   Request start_all_gather_by_messages(int mesh_dim, const MeshGroup& grp, const void* send,
                                        void* recv, std::size_t bytes) {
     constexpr int tag = 0x6761;  // "ga"
@@ -723,6 +724,7 @@ class MpiBackend {
     if (send != slot(me)) std::memcpy(slot(me), send, bytes);
     return r;
   }
+  // A new request for `call`, once the backend is known to be usable.
   Request begin(const char* call) {
     check_notices();
     Request r;
