@@ -581,7 +581,9 @@ TEST_CASE("the batch's overlap check misses no target that meets another tensor'
               detail::common_bytes(buffers[t].dst, dst_bytes[t], buffers[u].src, src_bytes[u]) !=
                   0 ||
               detail::common_bytes(buffers[t].dst, dst_bytes[t], buffers[u].dst, dst_bytes[u]) != 0;
-    const bool may = detail::batch_buffers_may_meet(buffers, src_bytes, dst_bytes);
+    std::vector<detail::BlockBytes> blocks;
+    for (std::size_t t = 0; t < n; ++t) blocks.push_back({src_bytes[t], dst_bytes[t]});
+    const bool may = detail::batch_buffers_may_meet(buffers, blocks);
     INFO("round " << round << ", " << n << " tensors");
     if (meet) REQUIRE(may);
     fast += may ? 0 : 1;

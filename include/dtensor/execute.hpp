@@ -122,13 +122,19 @@ inline const void* gather_slot(const Plan& plan, const MeshCoord& me, const void
          static_cast<std::size_t>(me[c.step.mesh_dim]) * w.piece_bytes;
 }
 
+// The bytes of this rank's source and target blocks.
+struct BlockBytes {
+  std::size_t src = 0;
+  std::size_t dst = 0;
+};
+
 // Checks the backend and the buffers against the plan (sizes, and that the blocks' bytes at
 // `src` and `dst` do not overlap, unless they are one buffer for a plan that runs_in_place or
 // the source is this rank's slab of an all-gather's target, gather_slot); this rank's
-// coordinate.
+// coordinate, and its blocks' bytes in `*blocks` when given.
 template <Backend B>
 MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::size_t src_bytes,
-                    const void* dst, std::size_t dst_bytes) {
+                    const void* dst, std::size_t dst_bytes, BlockBytes* blocks = nullptr) {
   if (!(backend.mesh() == plan.src().mesh()))
     fail<why::backend_mesh_mismatch>(backend.mesh().shape(), plan.src().mesh().shape());
   const int rank = backend.rank();
@@ -136,6 +142,7 @@ MeshCoord check_run(const Plan& plan, const B& backend, const void* src, std::si
   const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
   const std::size_t need_src = bytes_of(plan.src().local_box(me), elem);
   const std::size_t need_dst = bytes_of(plan.dst().local_box(me), elem);
+  if (blocks != nullptr) *blocks = {need_src, need_dst};
   if (src_bytes < need_src) fail<why::buffer_too_small>("source", src_bytes, rank, need_src);
   if (dst_bytes < need_dst) fail<why::buffer_too_small>("target", dst_bytes, rank, need_dst);
   if (const std::size_t common = common_bytes(src, need_src, dst, need_dst);

@@ -772,12 +772,11 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch, const B& backend) {
 namespace detail {
 
 // Whether some tensor's target buffer may meet another tensor's source or target buffer (of
-// `src_bytes[t]` and `dst_bytes[t]` bytes): the targets sorted by address, each against the
+// blocks[t]'s bytes): the targets sorted by address, each against the
 // next, and against the sources merged into disjoint ranges that remember whether one tensor or
 // several own them. O(n log n), where comparing every pair took most of a batched run's checks.
 inline bool batch_buffers_may_meet(std::span<const TensorBuffers> buffers,
-                                   const std::vector<std::size_t>& src_bytes,
-                                   const std::vector<std::size_t>& dst_bytes) {
+                                   std::span<const BlockBytes> blocks) {
   struct Range {
     std::uintptr_t begin, end;
     std::size_t owner;  // the tensor, or `several`
@@ -787,8 +786,8 @@ inline bool batch_buffers_may_meet(std::span<const TensorBuffers> buffers,
   for (std::size_t t = 0; t < buffers.size(); ++t) {
     const auto dst = reinterpret_cast<std::uintptr_t>(buffers[t].dst);
     const auto src = reinterpret_cast<std::uintptr_t>(buffers[t].src);
-    if (dst_bytes[t] != 0) dsts.push_back({dst, dst + dst_bytes[t], t});
-    if (src_bytes[t] != 0) srcs.push_back({src, src + src_bytes[t], t});
+    if (blocks[t].dst != 0) dsts.push_back({dst, dst + blocks[t].dst, t});
+    if (blocks[t].src != 0) srcs.push_back({src, src + blocks[t].src, t});
   }
   auto by_begin = [](const Range& a, const Range& b) { return a.begin < b.begin; };
   std::sort(dsts.begin(), dsts.end(), by_begin);
@@ -817,25 +816,19 @@ inline bool batch_buffers_may_meet(std::span<const TensorBuffers> buffers,
 
 // Refuses a batch whose target buffers overlap another tensor's source or target buffer (the
 // blocks' bytes on this rank; sources may share memory, as they are only read).
-template <std::size_t N>
-void check_batch_buffers_apart(const BatchPlan<N>& batch, std::span<const TensorBuffers> buffers,
-                               int rank, const std::vector<MeshCoord>& me) {
-  std::vector<std::size_t> src_bytes, dst_bytes;
-  for (std::size_t t = 0; t < batch.size(); ++t) {
-    const auto elem = static_cast<std::size_t>(batch[t].src().elem_bytes());
-    src_bytes.push_back(bytes_of(batch[t].src().local_box(me[t]), elem));
-    dst_bytes.push_back(bytes_of(batch[t].dst().local_box(me[t]), elem));
-  }
-  if (!batch_buffers_may_meet(buffers, src_bytes, dst_bytes)) return;
+// (`blocks`: each tensor's blocks' bytes on this rank, as check_run found them.)
+inline void check_batch_buffers_apart(std::span<const TensorBuffers> buffers,
+                                      std::span<const BlockBytes> blocks, int rank) {
+  if (!batch_buffers_may_meet(buffers, blocks)) return;
   // Some do: every pair in order, so that the error names the first.
-  for (std::size_t t = 0; t < batch.size(); ++t)
-    for (std::size_t u = 0; u < batch.size(); ++u) {
+  for (std::size_t t = 0; t < buffers.size(); ++t)
+    for (std::size_t u = 0; u < buffers.size(); ++u) {
       if (u == t) continue;
       const TensorBuffers& a = buffers[t];
       const TensorBuffers& b = buffers[u];
-      if (const std::size_t c = common_bytes(a.dst, dst_bytes[t], b.src, src_bytes[u]); c != 0)
+      if (const std::size_t c = common_bytes(a.dst, blocks[t].dst, b.src, blocks[u].src); c != 0)
         fail<why::batch_buffers_overlap>(t, "source", u, rank, c);
-      if (const std::size_t c = common_bytes(a.dst, dst_bytes[t], b.dst, dst_bytes[u]); c != 0)
+      if (const std::size_t c = common_bytes(a.dst, blocks[t].dst, b.dst, blocks[u].dst); c != 0)
         fail<why::batch_buffers_overlap>(t, "target", u, rank, c);
     }
 }
@@ -866,10 +859,11 @@ std::vector<MeshCoord> checked_batch(const BatchPlan<N>& batch, B& backend,
   std::vector<MeshCoord> me;
   aborting_on_error(backend, [&] {
     if (buffers.size() != batch.size()) fail<why::batch_buffer_count>(batch.size(), buffers.size());
+    std::vector<BlockBytes> blocks(batch.size());
     for (std::size_t t = 0; t < batch.size(); ++t)
       me.push_back(check_run(batch[t], backend, buffers[t].src, buffers[t].src_bytes,
-                             buffers[t].dst, buffers[t].dst_bytes));
-    check_batch_buffers_apart(batch, buffers, backend.rank(), me);
+                             buffers[t].dst, buffers[t].dst_bytes, &blocks[t]));
+    check_batch_buffers_apart(buffers, blocks, backend.rank());
   });
   return me;
 }
