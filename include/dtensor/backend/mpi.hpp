@@ -407,7 +407,7 @@ class MpiBackend {
     const MeshGroup grp = mesh_.group(rank_, mesh_dim);
     if (by_messages(grp, bytes)) {
       const StridedPieces slabs{1, bytes, bytes * static_cast<std::size_t>(grp.size)};
-      return start_all_to_all_by_messages(grp, send, slabs, recv, slabs);
+      return start_all_to_all_by_messages(grp, send, slabs, recv, slabs, false);
     }
     Request r = begin("MPI_Ialltoall");
     const int n = count_of(bytes, r.call_);
@@ -424,7 +424,8 @@ class MpiBackend {
     const bool strided_send = needs_type(sent), strided_recv = needs_type(received);
     if (!strided_send && !strided_recv)  // contiguous pieces, or none
       return start_all_to_all(mesh_dim, send, recv, sent.piece_bytes());
-    const std::size_t me = static_cast<std::size_t>(mesh_.group(rank_, mesh_dim).index);
+    const MeshGroup grp = mesh_.group(rank_, mesh_dim);
+    const auto me = static_cast<std::size_t>(grp.index);
     if (strided_send && !strided_recv && goes_by_single_copy(mesh_dim, sent))
       // Pushed: this rank's strided pieces written into every member's target.
       return start_single_copy(mesh_dim, true, recv, me * sent.piece_bytes(), send, recv, sent);
@@ -432,9 +433,8 @@ class MpiBackend {
       // Pulled: every member's contiguous piece for this rank read into its strided place.
       return start_single_copy(mesh_dim, false, send, me * received.piece_bytes(), nullptr, recv,
                                received);
-    const MeshGroup grp = mesh_.group(rank_, mesh_dim);
     if (by_messages(grp, sent.piece_bytes()))
-      return start_all_to_all_by_messages(grp, send, sent, recv, received);
+      return start_all_to_all_by_messages(grp, send, sent, recv, received, false);
     Request r = begin("MPI_Ialltoall");
     const MPI_Comm comm = group(mesh_dim);
     const int n = count_of(sent.piece_bytes(), r.call_);
@@ -457,9 +457,9 @@ class MpiBackend {
       return start_single_copy(mesh_dim, false, send, 0, nullptr, recv, pieces);
     const MeshGroup grp = mesh_.group(rank_, mesh_dim);
     if (by_messages(grp, pieces.piece_bytes())) {
-      // Every member's piece from where it lies (contiguous) to where it goes.
-      const StridedPieces whole{1, pieces.piece_bytes(), 0};
-      return start_all_to_all_by_messages(grp, send, whole, recv, pieces);
+      // This rank's piece (contiguous) to every member, every member's to where it goes.
+      const StridedPieces whole{1, pieces.piece_bytes(), pieces.piece_bytes()};
+      return start_all_to_all_by_messages(grp, send, whole, recv, pieces, true);
     }
     Request r = begin("MPI_Iallgather");
     const MPI_Comm comm = group(mesh_dim);
@@ -677,10 +677,10 @@ class MpiBackend {
   }
   // An all-to-all as one point-to-point round (StridedExchange's): piece j of `send`, laid out as
   // `sent` says, to member j, and member j's piece to where `received` puts piece j in `recv`;
-  // each member in ring order from this one. `sent.stride_bytes == 0`: one piece for every
+  // each member in ring order from this one. With `gather`, `send` is one piece, sent to every
   // member (an all-gather's).
   Request start_all_to_all_by_messages(const MeshGroup& grp, const void* send, StridedPieces sent,
-                                       void* recv, StridedPieces received) {
+                                       void* recv, StridedPieces received, bool gather) {
     std::vector<StridedSendMessage> sends;
     std::vector<StridedRecvMessage> recvs;
     sends.reserve(static_cast<std::size_t>(grp.size));
@@ -688,10 +688,9 @@ class MpiBackend {
     for (int s = 0; s < grp.size; ++s) {
       const auto to = static_cast<std::size_t>((grp.index + s) % grp.size);
       const auto from = static_cast<std::size_t>((grp.index - s + grp.size) % grp.size);
-      sends.push_back(
-          {grp.rank(static_cast<int>(to)),
-           static_cast<const std::byte*>(send) + (sent.stride_bytes == 0 ? 0 : to * sent.run_bytes),
-           sent});
+      sends.push_back({grp.rank(static_cast<int>(to)),
+                       static_cast<const std::byte*>(send) + (gather ? 0 : to * sent.run_bytes),
+                       sent});
       recvs.push_back({grp.rank(static_cast<int>(from)),
                        static_cast<std::byte*>(recv) + from * received.run_bytes, received});
     }
