@@ -303,9 +303,9 @@ void print_json(const Plan& plan, std::string_view kind) {
     dims += "]";
     out += fmt::format(
         "{}{{\"op\":\"{}\",\"mesh_dims\":{},\"from\":{},\"to\":{},\"padded\":{},"
-        "\"bytes_recv_max\":{},\"bytes_send_max\":{},\"est_us\":{:.4f}}}",
+        "\"by_elements\":{},\"bytes_recv_max\":{},\"bytes_send_max\":{},\"est_us\":{:.4f}}}",
         i ? "," : "", name(s.kind), dims, json_placements(s.before), json_placements(s.after),
-        s.padded, s.bytes_recv_max, s.bytes_send_max, s.est_us);
+        s.padded, s.by_elements, s.bytes_recv_max, s.bytes_send_max, s.est_us);
   }
   out += fmt::format(
       "],\"bytes_recv_max\":{},\"bytes_send_max\":{},\"lower_bound_bytes_recv_max\":{},"

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <dtensor/dtensor.hpp>
+#include <dtensor/verify.hpp>
 
 #include "placement_pairs.hpp"
 
@@ -11,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -80,17 +82,25 @@ RankBytes reference_bytes(const Layout& base, const Step& s, const MeshCoord& me
     // the source's Replicate dims.
     const DeviceMesh& mesh = base.mesh();
     const unsigned dims = detail::reduced_partials(s.before, s.after).dims;
-    const detail::GroupParts parts = detail::group_parts(base, s.before, s.after, dims, me);
-    const Box own = parts.part(detail::group_index(mesh, me, dims));
+    const detail::GroupParts parts =
+        detail::group_parts(base, s.before, s.after, dims, me, s.by_elements);
+    const int j = detail::group_index(mesh, me, dims);
+    const detail::RunBoxes own = parts.part_boxes(j);
+    const std::int64_t n = parts.part_numel(j);
+    auto overlap = [&](const Box& b) {
+      std::int64_t sum = 0;
+      for (const Box& box : own) sum += overlap_numel(box, b);
+      return sum;
+    };
     const Box want = after.local_box(me);
-    out.recv = ((parts.members - 1) * own.numel() + want.numel() - overlap_numel(want, own)) * elem;
-    out.send = parts.block.numel() - own.numel();
+    out.recv = ((parts.members - 1) * n + want.numel() - overlap(want)) * elem;
+    out.send = parts.block.numel() - n;
     for (int r = 0; r < mesh.size(); ++r) {
       const MeshCoord c = mesh.coordinate(r);
       bool next_to = !(c == me);
       for (int k = 0; k < mesh.ndim(); ++k)
         next_to = next_to && (c[k] == me[k] || !s.before[k].is_replicate());
-      if (next_to) out.send += overlap_numel(own, after.local_box(c));
+      if (next_to) out.send += overlap(after.local_box(c));
     }
     out.send *= elem;
     return out;
@@ -176,12 +186,11 @@ void require_maxima(const Plan& p, bool reference) {
       step_most.recv = std::max(step_most.recv, rb.recv);
       step_most.send = std::max(step_most.send, rb.send);
       us_most =
-          std::max(us_most, detail::rank_step_cost(p.src(), s.before, s.after, s.kind, s.mesh_dim,
-                                                   s.padded, m.coordinate(r), p.cost_model())
-                                .us);
+          std::max(us_most, detail::rank_step_cost(p.src(), s, m.coordinate(r), p.cost_model()).us);
       if (two_rounds) {
-        const detail::ExchangeCost e = detail::reducing_exchange_cost(
-            p.src(), s.before, s.after, m.coordinate(r), p.cost_model());
+        const detail::ExchangeCost e =
+            detail::reducing_exchange_cost(p.src(), s.before, s.after, m.coordinate(r),
+                                           p.cost_model(), true, nullptr, s.by_elements);
         first_most = std::max(first_most, e.first_round_us);
         second_most = std::max(second_most, e.us - e.first_round_us);
       }
@@ -1200,6 +1209,143 @@ TEST_CASE("an exchange from a Partial: each group reduces parts cut to what its 
             CHECK(step_rank_bytes(one_step, 0, r) == want);
           }
         }
+}
+
+TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "[planner]") {
+  // run_boxes: the boxes of a run are inside the block, in row-major order, and hold exactly
+  // the run's elements.
+  for (const Shape& shape : {Shape{7}, Shape{7, 10}, Shape{3, 4, 5}, Shape{2, 1, 3, 2}}) {
+    Box block;
+    block.shape = shape;
+    for (std::int64_t s : shape) block.offset.push_back(s % 3);
+    const std::int64_t n = block.numel();
+    for (std::int64_t a = 0; a <= n; ++a)
+      for (std::int64_t b = a; b <= n; ++b) {
+        detail::RunBoxes boxes;
+        detail::run_boxes(block, a, b, boxes);
+        INFO(fmt::format("{} [{}, {})", shape, a, b));
+        CHECK(boxes.size() <= 2 * shape.size() - 1);
+        std::int64_t next = a;
+        for (const Box& box : boxes) {
+          const detail::ElementRun r = detail::element_run(box, block);
+          CHECK(r.first == next);  // one run of the block, right after the one before
+          CHECK(r.last == r.first + box.numel());
+          CHECK(overlap_numel(box, block) == box.numel());
+          next = r.last;
+        }
+        CHECK(next == b);
+      }
+  }
+  // Where every member's target meets the block in one run, the parts tile the block, and the
+  // busiest member receives no more than under the best cut along a dim; on these small blocks
+  // exactly the least over every cut of the elements in order (brute force, either order).
+  const DeviceMesh line({4}), grid({2, 4});
+  int cut_by_elements = 0;
+  for (const DeviceMesh& m : {line, grid})
+    for (const char* from : {"P(sum)", "P(sum),S(1)", "S(0),P(max)", "P(sum),P(sum)"})
+      for (const char* to : {"S(0)", "R,S(0)", "S(0),S(0)", "S(1),S(0)"})
+        for (const Shape& shape : {Shape{7, 10}, Shape{5, 3}, Shape{9}, Shape{3, 2, 5}}) {
+          const Placements a = parse_placements(from), b = parse_placements(to);
+          if (static_cast<int>(a.size()) != m.ndim() || static_cast<int>(b.size()) != m.ndim())
+            continue;
+          if (shape.size() < 2 && (std::string_view(from).find("S(1)") != std::string_view::npos ||
+                                   std::string_view(to).find("S(1)") != std::string_view::npos))
+            continue;
+          const Layout src(m, a, shape, DType::f32), dst(m, b, shape, DType::f32);
+          INFO(fmt::format("{} {} {} -> {}", m, shape, from, to));
+          const unsigned dims = detail::reduced_partials(a, b).dims;
+          REQUIRE(dims != 0);
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            if (detail::group_index(m, c, dims) != 0) continue;
+            const detail::GroupParts along = detail::group_parts(src, a, b, dims, c);
+            const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c, true);
+            const int g = parts.members;
+            std::vector<Box> targets;
+            auto busiest_of = [&](const detail::GroupParts& p) {
+              std::int64_t most = 0;
+              for (int j = 0; j < g; ++j) {
+                std::int64_t in = 0;
+                for (const Box& box : p.part_boxes(j)) in += overlap_numel(box, targets[j]);
+                most = std::max(most, (g - 1) * p.part_numel(j) + targets[j].numel() - in);
+              }
+              return most;
+            };
+            std::int64_t total = 0;
+            std::vector<Box> all;
+            for (int j = 0; j < g; ++j) {
+              targets.push_back(dst.local_box(detail::group_member(m, c, dims, j)));
+              for (const Box& box : parts.part_boxes(j)) {
+                CHECK(overlap_numel(box, parts.block) == box.numel());
+                for (const Box& other : all) CHECK(overlap_numel(box, other) == 0);
+                all.push_back(box);
+                total += box.numel();
+              }
+            }
+            CHECK(total == parts.block.numel());
+            const std::int64_t busiest = busiest_of(parts);
+            CHECK(busiest <= busiest_of(along));
+            if (!parts.by_elements) {
+              CHECK(parts.cut[0] == along.cut[0]);
+              continue;
+            }
+            ++cut_by_elements;
+            CHECK(busiest < busiest_of(along));
+            if (g > 4) continue;
+            // Every non-decreasing choice of the inner cuts, in either order.
+            const std::int64_t n = parts.block.numel();
+            std::int64_t least = std::numeric_limits<std::int64_t>::max();
+            std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, 0);
+            cut.back() = n;
+            for (;;) {
+              for (const bool reversed : {false, true}) {
+                detail::GroupParts p = parts;
+                p.reversed = reversed;
+                for (int i = 0; i <= g; ++i) p.cut[i] = cut[static_cast<std::size_t>(i)];
+                least = std::min(least, busiest_of(p));
+              }
+              int i = g - 1;
+              while (i > 0 && cut[static_cast<std::size_t>(i)] == n) --i;
+              if (i == 0) break;
+              ++cut[static_cast<std::size_t>(i)];
+              for (int q = i + 1; q < g; ++q)
+                cut[static_cast<std::size_t>(q)] = cut[static_cast<std::size_t>(i)];
+            }
+            CHECK(busiest == least);
+          }
+          // Both cuts' one-step plans: bytes as defined on every rank, and correct values.
+          const Placements end = b;
+          for (const bool by_elements : {false, true}) {
+            const Plan one_step = detail::plan_builder::build(
+                src, dst, {}, &end, {}, PlanOptions{}.with_cost_model(CostModel::defaults(m)),
+                nullptr, nullptr, by_elements);
+            REQUIRE(one_step.size() == 1);
+            CHECK(one_step[0].by_elements == by_elements);
+            for (int r = 0; r < m.size(); ++r) {
+              const RankBytes want = reference_bytes(src, one_step[0], m.coordinate(r));
+              CHECK(step_rank_bytes(one_step, 0, r) == want);
+            }
+            const Verification v = verify_on_simulator(one_step);
+            CHECK(v.difference == "");
+            REQUIRE(v.verified);
+            for (int r = 0; r < m.size(); ++r)
+              CHECK(v.measured[static_cast<std::size_t>(r)] == step_rank_bytes(one_step, 0, r));
+          }
+        }
+  CHECK(cut_by_elements > 10);
+  // 7x10 f32 reduced and scattered by rows over 4 ranks: a ring reduce-scatter (and PyTorch's)
+  // receives 3 rows of 10 (240 B) on the ranks of 2 rows; cut by elements, the rank of one row
+  // reduces 17 elements and the others receive 228 B at most (the bound: 212 B).
+  const Layout p7(line, parse_placements("P(sum)"), {7, 10}, DType::f32);
+  const Layout s7(line, parse_placements("S(0)"), {7, 10}, DType::f32);
+  const Plan by_bytes = plan_redistribute(p7, s7, {.objective = Objective::bytes});
+  INFO(explain(by_bytes));
+  REQUIRE(by_bytes.size() == 1);
+  CHECK(by_bytes[0].kind == StepKind::exchange);
+  CHECK(by_bytes[0].by_elements);
+  CHECK(by_bytes.bytes_recv_max() == 228);
+  CHECK(plan_redistribute(p7, s7).bytes_recv_max() == 240);  // time: one reduce-scatter
+  CHECK(verify_on_simulator(by_bytes).verified);
 }
 
 TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never below the bound",

@@ -97,8 +97,7 @@ constexpr int round_calls(const DeviceMesh& mesh, const BatchRound& key) {
 constexpr RankStepCost point_to_point_cost(const Plan& plan, const Step& s, const MeshCoord& c,
                                            const CostModel& model) {
   const Layout& base = plan.src();
-  if (s.kind == StepKind::exchange)
-    return rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, model);
+  if (s.kind == StepKind::exchange) return rank_step_cost(base, s, c, model);
   const int k = s.mesh_dim, g = base.mesh().size(k);
   RankStepCost out;
   if (!moves_data(s.kind) || g == 1) return out;

@@ -39,14 +39,22 @@ inline std::string explain(const Plan& plan) {
     std::string dim = s.mesh_dim < 0 ? "all" : fmt::format("{}", s.mesh_dim);
     if (s.mesh_dim >= 0 && !mesh.name(s.mesh_dim).empty())
       dim += fmt::format(" ({})", mesh.name(s.mesh_dim));
-    const std::string kind = fmt::format("{}{}", name(s.kind), s.padded ? "*" : "");
+    const std::string kind = fmt::format("{}{}", name(s.kind),
+                                         s.padded        ? "*"
+                                         : s.by_elements ? "+"
+                                                         : "");
     out += fmt::format("  {:>2}  {:<15} {:<9} {:<34} {:>12} {:>12} {:>7.2f} us\n", i + 1, kind, dim,
                        fmt::format("{} -> {}", s.before, s.after), human_bytes(s.bytes_recv_max),
                        human_bytes(s.bytes_send_max), s.est_us);
   }
-  bool padded = false;
-  for (const Step& s : plan) padded |= s.padded;
+  bool padded = false, by_elements = false;
+  for (const Step& s : plan) {
+    padded |= s.padded;
+    by_elements |= s.by_elements;
+  }
   if (padded) out += "  * uneven pieces padded to the group's largest (counted in the bytes)\n";
+  if (by_elements)
+    out += "  + each group's block split among its members by elements in row-major order\n";
   const std::int64_t bound = plan.lower_bound_bytes_recv_max();
   out += fmt::format("total: recv max {} ({} B), lower bound {} ({} B)",
                      human_bytes(plan.bytes_recv_max()), plan.bytes_recv_max(), human_bytes(bound),

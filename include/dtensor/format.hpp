@@ -97,7 +97,8 @@ inline void write(text_buffer& out, const Layout& l) {
 
 inline void write(text_buffer& out, StepKind k) { out.append(name(k)); }
 
-// "all_gather on mesh dim 0: [S(0), R] -> [R, R]", with " (padded)" when it pads.
+// "all_gather on mesh dim 0: [S(0), R] -> [R, R]", with " (padded)" when it pads and " (by
+// elements)" when an exchange from a Partial cuts its blocks so.
 inline void write(text_buffer& out, const Step& s) {
   out.append(name(s.kind));
   if (s.mesh_dim >= 0)
@@ -109,6 +110,7 @@ inline void write(text_buffer& out, const Step& s) {
   out.append(std::string_view(" -> "));
   write(out, s.after);
   if (s.padded) out.append(std::string_view(" (padded)"));
+  if (s.by_elements) out.append(std::string_view(" (by elements)"));
 }
 
 // "[S(0), R] -> [R, S(1)]: 1 steps, recv max 1048576 B, est 7.50 us".

@@ -846,10 +846,11 @@ struct plan_builder {
   // With an incumbent, costing stops as soon as the plan cannot beat it (then it is pruned),
   // first tried on the rank at `probe` alone (the origin when null); a pruned incumbent is no
   // plan and stops nothing.
+  // `by_elements`: the exchange's groups cut their blocks by elements (Step::by_elements).
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& prefix,
                               const Placements* exchange_to, const Transitions& suffix,
                               const PlanOptions& options, const Plan* incumbent = nullptr,
-                              const MeshCoord* probe = nullptr) {
+                              const MeshCoord* probe = nullptr, bool by_elements = false) {
     Plan plan(src, dst);
     plan.options_ = options;
     Placements state = src.placements();
@@ -864,6 +865,7 @@ struct plan_builder {
       s.kind = StepKind::exchange;
       s.before = state;
       s.after = *exchange_to;
+      s.by_elements = by_elements;
       plan.steps_.push_back(s);
       state = *exchange_to;
     }
@@ -961,7 +963,9 @@ struct plan_builder {
     StepTimes t;
     // An exchange into a Partial: its receives alone (its sends visit every receiver's part).
     t.exact = s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)
-                  ? reducing_exchange_cost(base, s.before, s.after, c, model, false).us
+                  ? reducing_exchange_cost(base, s.before, s.after, c, model, false, nullptr,
+                                           s.by_elements)
+                        .us
               : s.kind == StepKind::exchange && makes_partial(s.before, s.after)
                   ? partial_exchange_cost(base, s.before, s.after, c, model, false).us
                   : rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, have,
@@ -1119,7 +1123,7 @@ struct plan_builder {
       const bool reduces = exchange_reduces(s.before, s.after);
       if (!reduces && !makes_partial(s.before, s.after)) continue;
       if (!(reduces ? reducing_exchange_costs(base, s.before, s.after, o.cost_model, partial,
-                                              limit_us, limit_recv)
+                                              limit_us, limit_recv, s.by_elements)
                     : partial_exchange_costs(base, s.before, s.after, o.cost_model, partial,
                                              limit_us, limit_recv, partial_sends))) {
         plan.pruned_ = true;
@@ -1587,31 +1591,48 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // its group's rounds, then its own second round exactly.
     const bool timed =
         options.objective == Objective::time && plan_builder::incumbent(best) != nullptr;
+    const unsigned dims = reduced_partials(a, b).dims;
     for (const bool chunk : {false, true}) {
       if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
       const Placements& from = chunk ? chunked : a;
+      const double beat = timed ? plan_builder::time_to_beat(best) : 0;
+      const CostModel& model = options.cost_model;
+      double shared = 0;
+      MeshCoord at = probe;
       if (timed) {
-        const double beat = plan_builder::time_to_beat(best);
-        const CostModel& model = options.cost_model;
         const RoundFloors quick = reducing_exchange_floors(src, from, b, probe, model, false);
         if (quick.first + quick.second > beat) continue;
-        const double shared = shared_targets_floor(src, from, b, probe, model);
-        auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
-        if (quick.first + at_least_shared(quick.second) > beat) continue;
+        shared = shared_targets_floor(src, from, b, probe, model);
+        if (quick.first + (quick.second > shared ? quick.second : shared) > beat) continue;
         const SlowestFloors slowest = slowest_quick_floors(src, from, b, model);
-        if (slowest.floors.first + at_least_shared(slowest.floors.second) > beat) continue;
-        const MeshCoord& at = slowest.floors.second > quick.second ? slowest.at : probe;
-        const GroupParts parts = group_parts(src, from, b, reduced_partials(from, b).dims, at);
-        const RoundFloors floors = reducing_exchange_floors(src, from, b, at, model, true, &parts);
-        if (floors.first + at_least_shared(floors.second) > beat) continue;
-        const ExchangeCost e = reducing_exchange_cost(src, from, b, at, model, false, &parts);
-        const double second = e.us - e.first_round_us;
-        if (floors.first + at_least_shared(second > floors.second ? second : floors.second) > beat)
-          continue;
+        const double second = slowest.floors.second;
+        if (slowest.floors.first + (second > shared ? second : shared) > beat) continue;
+        if (slowest.floors.second > quick.second) at = slowest.at;
       }
-      const Plan p = plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {},
-                                         options, plan_builder::incumbent(best), &probe);
-      if (better(p, best, options.objective)) best = p;
+      auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
+      // Between uneven layouts, also with blocks cut by elements where some group's busiest
+      // member receives fewer so (GroupParts::by_elements).
+      for (const bool by_elements : {false, true}) {
+        if (by_elements &&
+            ((is_even(src, from) && is_even(src, b)) || !cuts_by_elements(src, from, b, dims)))
+          break;
+        if (timed) {
+          const GroupParts parts = group_parts(src, from, b, dims, at, by_elements);
+          const RoundFloors floors =
+              reducing_exchange_floors(src, from, b, at, model, true, &parts);
+          if (floors.first + at_least_shared(floors.second) > beat) continue;
+          const ExchangeCost e =
+              reducing_exchange_cost(src, from, b, at, model, false, &parts, by_elements);
+          const double second = e.us - e.first_round_us;
+          if (floors.first + at_least_shared(second > floors.second ? second : floors.second) >
+              beat)
+            continue;
+        }
+        const Plan p =
+            plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {}, options,
+                                plan_builder::incumbent(best), &probe, by_elements);
+        if (better(p, best, options.objective)) best = p;
+      }
     }
   }
 }
@@ -1885,9 +1906,7 @@ constexpr bool blocks_within_ends(const Plan& plan) { return detail::blocks_with
 constexpr RankBytes step_rank_bytes(const Plan& plan, std::size_t i, int rank) {
   const Step& s = plan[i];
   const MeshCoord c = plan.src().mesh().coordinate(rank);
-  return detail::rank_step_cost(plan.src(), s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
-                                plan.cost_model())
-      .bytes;
+  return detail::rank_step_cost(plan.src(), s, c, plan.cost_model()).bytes;
 }
 
 // The bytes global rank `rank` sends and receives over the whole plan.

@@ -78,16 +78,87 @@ constexpr int group_index(const DeviceMesh& mesh, const MeshCoord& coord, unsign
   return j;
 }
 
+// The boxes of a run of a block's elements in row-major order: at most two per tensor dim but
+// the last, one after another in that order, each itself one run of the block.
+using RunBoxes = static_vector<Box, std::size_t{2} * max_tensor_dims - 1>;
+
+// Appends to `out` the boxes of elements [a, b) of `block` in row-major order: whole indices of
+// ever coarser dims up to the first boundary of a coarser one past which the run does not reach,
+// then of ever finer dims up to b.
+constexpr void run_boxes(const Box& block, std::int64_t a, std::int64_t b, RunBoxes& out) {
+  if (a >= b) return;
+  const int n = static_cast<int>(block.shape.size());
+  std::int64_t stride[max_tensor_dims] = {};  // elements per index of each dim
+  std::int64_t inner = 1;
+  for (int d = n; d-- > 0;) {
+    stride[d] = inner;
+    inner *= block.shape[static_cast<std::size_t>(d)];
+  }
+  // Elements [x, end) as one box: whole indices of dim d, within one index of the dim before.
+  auto take = [&](std::int64_t x, std::int64_t end, int d) {
+    Box box = block;
+    std::int64_t rest = x;
+    for (int e = 0; e < n; ++e) {
+      const auto i = static_cast<std::size_t>(e);
+      const std::int64_t index = rest / stride[e];
+      rest -= index * stride[e];
+      if (e < d) {
+        box.offset[i] += index;
+        box.shape[i] = 1;
+      } else if (e == d) {
+        box.offset[i] += index;
+        box.shape[i] = (end - x) / stride[e];
+      }
+    }
+    out.push_back(box);
+  };
+  std::int64_t x = a;
+  int d = n - 1;
+  for (; d > 0; --d) {  // x is whole in dim d: up to the next index of dim d-1
+    if (x % stride[d - 1] == 0) continue;
+    const std::int64_t up = (x / stride[d - 1] + 1) * stride[d - 1];
+    if (up > b) break;
+    take(x, up, d);
+    x = up;
+  }
+  for (; d < n; ++d) {  // then as many whole indices of each finer dim as fit
+    const std::int64_t end = b / stride[d] * stride[d];
+    if (end > x) take(x, end, d);
+    x = end > x ? end : x;
+  }
+}
+
+// Where `in`, a box inside `block`, lies in the block's row-major order when it is one run of it
+// (every dim after its first of extent above 1 whole): [first, last) of its elements; {0, -1}
+// otherwise, {0, 0} when empty.
+struct ElementRun {
+  std::int64_t first = 0;
+  std::int64_t last = 0;
+};
+constexpr ElementRun element_run(const Box& in, const Box& block) {
+  if (in.empty()) return {};
+  std::size_t d = 0;
+  while (d < in.shape.size() && in.shape[d] == 1) ++d;
+  for (std::size_t e = d + 1; e < in.shape.size(); ++e)
+    if (in.shape[e] != block.shape[e]) return {0, -1};
+  std::int64_t at = 0;
+  for (std::size_t e = 0; e < block.shape.size(); ++e)
+    at = at * block.shape[e] + (in.offset[e] - block.offset[e]);
+  return {at, at + in.numel()};
+}
+
 // How one group cuts its block: along tensor dim `dim`, the i-th range [cut[i], cut[i+1]) to
-// member i (member g-1-i when `reversed`).
+// member i (member g-1-i when `reversed`); or, `by_elements`, the i-th run [cut[i], cut[i+1]) of
+// the block's elements in row-major order (from 0; a few boxes each, run_boxes).
 struct GroupParts {
   Box block;
   int members = 0;
   int dim = 0;
   bool reversed = false;
+  bool by_elements = false;
   std::int64_t cut[max_reducing_group + 1] = {};
 
-  // Member j's part of the block.
+  // Member j's part of the block, cut along `dim` (not by_elements).
   [[nodiscard]] constexpr Box part(int j) const {
     Box b = block;
     if (b.shape.empty()) return b;
@@ -95,6 +166,31 @@ struct GroupParts {
     b.offset[dim] = cut[i];
     b.shape[dim] = cut[i + 1] - cut[i];
     return b;
+  }
+
+  // The elements in member j's part.
+  [[nodiscard]] constexpr std::int64_t part_numel(int j) const {
+    if (!by_elements) return part(j).numel();
+    const int i = reversed ? members - 1 - j : j;
+    return cut[i + 1] - cut[i];
+  }
+
+  // Member j's part as boxes: the one part, or its run's boxes (none when empty).
+  [[nodiscard]] constexpr RunBoxes part_boxes(int j) const {
+    RunBoxes out;
+    if (!by_elements) {
+      const Box b = part(j);
+      if (!b.empty()) out.push_back(b);
+      return out;
+    }
+    const int i = reversed ? members - 1 - j : j;
+    run_boxes(block, cut[i], cut[i + 1], out);
+    return out;
+  }
+
+  // Where member j's part starts in the block's row-major order (by_elements).
+  [[nodiscard]] constexpr std::int64_t part_first(int j) const {
+    return cut[reversed ? members - 1 - j : j];
   }
 };
 
@@ -146,9 +242,13 @@ constexpr std::int64_t rows_saved(const static_vector<std::int64_t, max_reducing
 // members, the cut whose busiest member receives the fewest elements (binary search on that
 // count; each member's count grows with its range, so the members take, in order, the longest
 // ranges within it), and at that count the smallest largest part (binary search on its extent:
-// the first round's slowest member). Ties keep the first dim, forward order.
+// the first round's slowest member). Ties keep the first dim, forward order. With `by_elements`,
+// also the cut of the block's elements in row-major order, where every member's target meets the
+// block in one run of it (element_run), when its busiest member receives fewer elements than
+// any cut along a dim: a part of an uneven block ends between rows there.
 constexpr GroupParts group_parts(const Layout& base, const Placements& before,
-                                 const Placements& after, unsigned dims, const MeshCoord& coord) {
+                                 const Placements& after, unsigned dims, const MeshCoord& coord,
+                                 bool by_elements = false) {
   const DeviceMesh& mesh = base.mesh();
   GroupParts out;
   out.block = base.local_box(before, coord);
@@ -178,19 +278,13 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
   bool alike = true;
   for (int j = 1; j < g && alike; ++j) alike = target[j] == target[0] && inside[j] == inside[0];
   std::int64_t best = -1, best_largest = 0;
-  for (int d = 0; d < nd; ++d) {
-    const std::int64_t lo = block.offset[d], hi = lo + block.shape[d];
-    // A row (one index of dim d) costs its owner `per_row` elements in the first round, less
-    // cross[j] in the second where member j's target holds it.
-    const std::int64_t per_row = bytes_mul(g - 1, block.numel() / block.shape[d]);
-    PerMember cross, t_lo, t_hi;
-    for (int j = 0; j < g; ++j) {
-      const Box& in = inside[j];
-      const bool none = in.empty();
-      cross.push_back(none ? 0 : in.numel() / in.shape[d]);
-      t_lo.push_back(none ? 0 : in.offset[d]);
-      t_hi.push_back(none ? 0 : in.offset[d] + in.shape[d]);
-    }
+  // The best cut of [lo, hi) (indices of dim d, or elements where d is -1), whose every index
+  // costs its owner `per_row` elements in the first round, less cross[j] in the second where
+  // member j's target holds it ([t_lo[j], t_hi[j])), and holds `row` elements. `strict`: only a
+  // count below the best so far replaces it.
+  auto search = [&](int d, std::int64_t lo, std::int64_t hi, std::int64_t per_row, std::int64_t row,
+                    const PerMember& cross, const PerMember& t_lo, const PerMember& t_hi,
+                    bool strict) {
     // The farthest end e of a range from x for member j whose count is at most `limit` (-1
     // when even the empty range's is more): the count is piecewise linear in e.
     auto reach = [&](int j, std::int64_t x, std::int64_t limit) -> std::int64_t {
@@ -209,7 +303,7 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       }
       return hi;
     };
-    const std::int64_t all = hi - lo, row = block.numel() / block.shape[d];
+    const std::int64_t all = hi - lo;
     // Under any cut the busiest member's count is at least every member's empty range's and
     // the members' mean, where a row saves at most the most any member whose target holds it
     // saves (rows_saved): where that is reached (often) the search below is one test.
@@ -234,6 +328,7 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       };
       std::int64_t high = bytes_add(most_target, bytes_mul(per_row, all));
       if (best >= 0 && best < high) high = best;
+      if (strict && best >= 0 && high == best) --high;
       if (!fits(high, all, nullptr)) continue;
       // The least count that fits, in [least, high] (least is at most high: high fits). A later
       // dim or order must beat or tie the best so far, and a tie is one test more.
@@ -266,13 +361,53 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       if (best >= 0 && (count > best || (count == best && largest >= best_largest))) continue;
       best = count;
       best_largest = largest;
-      out.dim = d;
+      out.dim = d < 0 ? 0 : d;
+      out.by_elements = d < 0;
       out.reversed = reversed;
       out.cut[0] = lo;
       fits(count, rows, out.cut);
     }
+  };
+  for (int d = 0; d < nd; ++d) {
+    PerMember cross, t_lo, t_hi;
+    for (int j = 0; j < g; ++j) {
+      const Box& in = inside[j];
+      const bool none = in.empty();
+      cross.push_back(none ? 0 : in.numel() / in.shape[d]);
+      t_lo.push_back(none ? 0 : in.offset[d]);
+      t_hi.push_back(none ? 0 : in.offset[d] + in.shape[d]);
+    }
+    const std::int64_t row = block.numel() / block.shape[d];
+    search(d, block.offset[d], block.offset[d] + block.shape[d], bytes_mul(g - 1, row), row, cross,
+           t_lo, t_hi, false);
+  }
+  if (by_elements && g > 1) {
+    PerMember cross, t_lo, t_hi;
+    bool runs = true;
+    for (int j = 0; j < g && runs; ++j) {
+      const ElementRun r = element_run(inside[j], block);
+      runs = r.last >= r.first;
+      cross.push_back(r.last > r.first ? 1 : 0);
+      t_lo.push_back(r.first);
+      t_hi.push_back(r.last);
+    }
+    if (runs) search(-1, 0, block.numel(), g - 1, 1, cross, t_lo, t_hi, true);
   }
   return out;
+}
+
+// Whether some group of an exchange from `before` to `after` (reducing the mesh dims `dims`)
+// cuts its block by elements where it may (group_parts).
+constexpr bool cuts_by_elements(const Layout& base, const Placements& before,
+                                const Placements& after, unsigned dims) {
+  const DeviceMesh& mesh = base.mesh();
+  for (int i = 0; i < mesh.size(); ++i) {
+    const MeshCoord c = mesh.coordinate_at(i);
+    if (group_index(mesh, c, dims) == 0 &&
+        group_parts(base, before, after, dims, c, true).by_elements)
+      return true;
+  }
+  return false;
 }
 
 }  // namespace dtensor::detail

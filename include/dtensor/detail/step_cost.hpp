@@ -515,69 +515,77 @@ constexpr ReceivesByLink first_round_receives(const DeviceMesh& mesh, const Mesh
 // The owners the rank at `receiver` takes its target block from in an exchange from a Partial
 // (reduce_exchange.hpp; `dims` the reduced mesh dims): f(owner, piece) for every part that meets
 // the block, its own included, in the groups whose coordinates on the Replicate dims of
-// `before` are the receiver's. `own`, when given, is the parts of the receiver's group.
+// `before` are the receiver's. `by_elements` as group_parts; `own`, when given, is the parts of
+// the receiver's group. A part of several boxes gives a piece per box that meets the block.
 template <class F>
 constexpr void for_each_owner(const Layout& base, const Placements& before, const Placements& after,
-                              unsigned dims, const MeshCoord& receiver, F&& f,
+                              unsigned dims, bool by_elements, const MeshCoord& receiver, F&& f,
                               const GroupParts* own = nullptr) {
   const DeviceMesh& mesh = base.mesh();
   const Box want = base.local_box(after, receiver);
   // The groups whose block meets the target block: the sources of for_each_source_of (the
   // member at the receiver's coordinates on the reduced dims).
   for_each_source_of(base, before, want, receiver, [&](const MeshCoord& group, const Box&) {
-    const GroupParts parts =
-        own != nullptr && group == receiver ? *own : group_parts(base, before, after, dims, group);
-    for (int j = 0; j < parts.members; ++j) {
-      const Box piece = intersect(want, parts.part(j));
-      if (!piece.empty()) f(group_member(mesh, group, dims, j), piece);
-    }
+    const GroupParts parts = own != nullptr && group == receiver
+                                 ? *own
+                                 : group_parts(base, before, after, dims, group, by_elements);
+    for (int j = 0; j < parts.members; ++j)
+      for (const Box& box : parts.part_boxes(j)) {
+        const Box piece = intersect(want, box);
+        if (!piece.empty()) f(group_member(mesh, group, dims, j), piece);
+      }
   });
 }
 
 // The ranks the owner at `sender` sends to in an exchange from a Partial, with the piece each
-// gets, its own included: every receiver that takes from its group (for_each_owner). `part` is
-// the sender's part.
+// gets, its own included: every receiver that takes from its group (for_each_owner), a piece per
+// box of the sender's part (`part`, GroupParts::part_boxes) that meets its block.
 template <class F>
 constexpr void for_each_owned_target(const Layout& base, const Placements& before,
-                                     const Placements& after, const Box& part,
+                                     const Placements& after, const RunBoxes& part,
                                      const MeshCoord& sender, F&& f) {
   if (part.empty()) return;
   const DeviceMesh& mesh = base.mesh();
   bool fixed[max_mesh_dims] = {};
   for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
   for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
-    const Box piece = intersect(part, base.local_box(after, receiver));
-    if (!piece.empty()) f(receiver, piece);
+    const Box want = base.local_box(after, receiver);
+    for (const Box& box : part) {
+      const Box piece = intersect(box, want);
+      if (!piece.empty()) f(receiver, piece);
+    }
   });
 }
 
 // An exchange from a Partial seen from the rank at `coord`: both rounds' receives (each
 // member's partial of its part from every other member; then the pieces of its target block it
 // does not own), their times added, and with `sends` the elements it sends in both. `group`,
-// when given, is the parts of its group.
+// when given, is the parts of its group, cut as `by_elements` says (group_parts).
 constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placements& before,
                                               const Placements& after, const MeshCoord& coord,
                                               const CostModel& cost, bool sends = true,
-                                              const GroupParts* group = nullptr) {
+                                              const GroupParts* group = nullptr,
+                                              bool by_elements = false) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
   const GroupParts parts =
-      group != nullptr ? *group : group_parts(base, before, after, dims, coord);
-  const Box own = parts.part(group_index(mesh, coord, dims));
+      group != nullptr ? *group : group_parts(base, before, after, dims, coord, by_elements);
+  const int me = group_index(mesh, coord, dims);
+  const std::int64_t own = parts.part_numel(me);
   ExchangeCost out;
-  first_round_receives(mesh, coord, dims, own.numel()).price(base, cost, out);
+  first_round_receives(mesh, coord, dims, own).price(base, cost, out);
   out.first_round_us = out.us;
   ReceivesByLink deliver;
   for_each_owner(
-      base, before, after, dims, coord,
+      base, before, after, dims, by_elements, coord,
       [&](const MeshCoord& owner, const Box& piece) {
         if (!(owner == coord)) deliver.add(outermost_difference(owner, coord), piece.numel());
       },
       &parts);
   deliver.price(base, cost, out);
   if (sends) {
-    out.send = parts.block.numel() - own.numel();
-    for_each_owned_target(base, before, after, own, coord,
+    out.send = parts.block.numel() - own;
+    for_each_owned_target(base, before, after, parts.part_boxes(me), coord,
                           [&](const MeshCoord& receiver, const Box& piece) {
                             if (!(receiver == coord)) out.send += piece.numel();
                           });
@@ -601,7 +609,8 @@ struct RoundFloors {
 constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placements& before,
                                                const Placements& after, const MeshCoord& coord,
                                                const CostModel& cost, bool cut,
-                                               const GroupParts* own = nullptr) {
+                                               const GroupParts* own = nullptr,
+                                               bool by_elements = false) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
   const LinkCost inside = fastest_link(mesh, cost, dims), any = fastest_link(mesh, cost);
@@ -620,16 +629,17 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
           LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
     return out;
   }
-  const GroupParts parts = own != nullptr ? *own : group_parts(base, before, after, dims, coord);
+  const GroupParts parts =
+      own != nullptr ? *own : group_parts(base, before, after, dims, coord, by_elements);
   for (int j = 0; j < parts.members; ++j) {
     const MeshCoord member = group_member(mesh, coord, dims, j);
-    const Box part = parts.part(j);
     ExchangeCost e;
-    first_round_receives(mesh, member, dims, part.numel()).price(base, cost, e);
+    first_round_receives(mesh, member, dims, parts.part_numel(j)).price(base, cost, e);
     out.first = e.us > out.first ? e.us : out.first;
     const Box want = base.local_box(after, member);
     const std::int64_t in_block = overlap_numel(want, parts.block);
-    const std::int64_t from_group = in_block - overlap_numel(want, part);
+    std::int64_t from_group = in_block;
+    for (const Box& box : parts.part_boxes(j)) from_group -= overlap_numel(want, box);
     const std::int64_t from_others = want.numel() - in_block;
     double us = 0;
     if (from_group > 0)
@@ -694,17 +704,19 @@ constexpr SlowestFloors slowest_quick_floors(const Layout& base, const Placement
 // slowest rank's first round then the slowest's second, as every rank's. False when the mesh has
 // more than max_partial_exchange_ranks ranks or a group more than max_reducing_group members,
 // and as soon as the step is known to take more than `us_limit` or a rank to receive more than
-// `recv_limit` elements (a plan with it cannot win).
+// `recv_limit` elements (a plan with it cannot win). `by_elements` as group_parts.
 constexpr bool reducing_exchange_costs(const Layout& base, const Placements& before,
                                        const Placements& after, const CostModel& cost,
                                        RankExchangeCosts& out, double us_limit = 1e300,
-                                       std::int64_t recv_limit = INT64_MAX) {
+                                       std::int64_t recv_limit = INT64_MAX,
+                                       bool by_elements = false) {
   const DeviceMesh& mesh = base.mesh();
   const int ranks = mesh.size();
   const unsigned dims = reduced_partials(before, after).dims;
   const int g = group_size(mesh, dims);
   if (ranks > max_partial_exchange_ranks || g > max_reducing_group) return false;
-  // Each rank's part: a range of one tensor dim of its group's block. Written for every rank
+  // Each rank's part: a range of one tensor dim of its group's block, or (dim -1) of its
+  // elements in row-major order. Written for every rank
   // below (each is a member of one group) before it is read: not cleared, since clearing the
   // whole table costs more than the rest of a small mesh's costing.
   struct Part {
@@ -717,16 +729,20 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   for (int i = 0; i < ranks; ++i) {
     const MeshCoord c = mesh.coordinate_at(i);
     if (group_index(mesh, c, dims) != 0) continue;
-    const GroupParts parts = group_parts(base, before, after, dims, c);
+    const GroupParts parts = group_parts(base, before, after, dims, c, by_elements);
     for (int j = 0; j < parts.members; ++j) {
       const MeshCoord member = group_member(mesh, c, dims, j);
       const int at = mesh.index(member);
-      const Box mine = parts.part(j);
-      part[at] = mine.shape.empty()
-                     ? Part{0, 0, 0}
-                     : Part{mine.offset[parts.dim], mine.offset[parts.dim] + mine.shape[parts.dim],
-                            parts.dim};
-      const std::int64_t n = mine.numel();
+      if (parts.by_elements) {
+        part[at] = Part{parts.part_first(j), parts.part_first(j) + parts.part_numel(j), -1};
+      } else {
+        const Box mine = parts.part(j);
+        part[at] = mine.shape.empty()
+                       ? Part{0, 0, 0}
+                       : Part{mine.offset[parts.dim],
+                              mine.offset[parts.dim] + mine.shape[parts.dim], parts.dim};
+      }
+      const std::int64_t n = parts.part_numel(j);
       out.send[at] = parts.block.numel() - n;
       ExchangeCost e;
       first_round_receives(mesh, member, dims, n).price(base, cost, e);
@@ -748,6 +764,17 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
                            if (owner == receiver) continue;
                            const int at = mesh.index(owner);
                            const Part& p = part[at];
+                           if (p.dim < 0) {  // a run of the block's elements: its boxes
+                             RunBoxes boxes;
+                             run_boxes(base.local_box(before, group), p.lo, p.hi, boxes);
+                             for (const Box& box : boxes) {
+                               const std::int64_t n = overlap_numel(piece, box);
+                               if (n == 0) continue;
+                               deliver.add(outermost_difference(owner, receiver), n);
+                               out.send[at] += n;
+                             }
+                             continue;
+                           }
                            const auto d = static_cast<std::size_t>(p.dim);
                            if (piece.shape.empty() || piece.shape[d] == 0) continue;
                            const std::int64_t lo = piece.offset[d] > p.lo ? piece.offset[d] : p.lo;
@@ -885,6 +912,19 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   if (!moves_data(kind) || (kind != StepKind::exchange && base.mesh().size(k) == 1)) return {};
   return rank_step_cost(base, before, after, kind, k, padded, coord, base.local_box(before, coord),
                         base.local_box(after, coord), cost);
+}
+
+// As above, for step `s` (an exchange from a Partial cut as it says, Step::by_elements).
+constexpr RankStepCost rank_step_cost(const Layout& base, const Step& s, const MeshCoord& coord,
+                                      const CostModel& cost) {
+  if (!s.by_elements || s.kind != StepKind::exchange || !exchange_reduces(s.before, s.after))
+    return rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, coord, cost);
+  const ExchangeCost e =
+      reducing_exchange_cost(base, s.before, s.after, coord, cost, true, nullptr, true);
+  RankStepCost out;
+  out.bytes = {bytes_mul(e.send, base.elem_bytes()), bytes_mul(e.recv, base.elem_bytes())};
+  out.us = e.us;
+  return out;
 }
 
 // Whether `g` divides every rank's extent along tensor dim d under `ps`, without visiting the

@@ -1022,19 +1022,42 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // packed; every other member's partial of its own part in, each staged in a slot of the receive
 // staging, in group order. This member's own partial is read where it lies likewise, else
 // copied to its slot. The reduction lands in the first slot. Second round (`deliver`, staged
-// after the slots): as an exchange, from the reduced part to the target block.
+// after the slots): as an exchange, from the reduced part to the target block. A group that cuts
+// its block by elements (GroupParts::by_elements) sends each part from where it lies, one run
+// of the block; the first slot then spans `reduced_box`, the box of whole rows around this
+// member's run (one run of the block too), with the run `lead` bytes into it, so that the
+// second round finds every piece of the part where it lies in that box.
 struct ReducingExchangeWay : Staging {
   int me = 0;
   ReduceOp op = ReduceOp::sum;
   std::vector<int> peers;        // the group's members, as global ranks
-  std::vector<Box> parts;        // their parts
+  std::vector<Box> parts;        // their parts (by elements: the box around each run)
   std::vector<PieceRuns> where;  // where each part lies in the block, or is packed
   std::vector<bool> in_place;    // whether it lies in the block (`where` there)
   std::size_t part_bytes = 0;    // this member's part
   std::size_t slots = 0;         // partials staged
+  Box reduced_box;               // how the reduced part lies in the first slot
+  std::size_t lead = 0;          // where the part starts there
   ExchangeWay deliver;
   std::size_t deliver_send_at = 0, deliver_recv_at = 0;
 };
+
+// The smallest box that is one run of `block` and holds its elements [a, b) (b > a): the indices
+// of the first dim where a's and b-1's differ, whole dims after it, one index of those before.
+inline Box run_bounds(const Box& block, std::int64_t a, std::int64_t b) {
+  Box out = block;
+  std::int64_t inner = block.numel();
+  for (std::size_t d = 0; d < block.shape.size(); ++d) {
+    inner /= block.shape[d];
+    const std::int64_t first = a / inner, last = (b - 1) / inner;
+    out.offset[d] = block.offset[d] + first;
+    out.shape[d] = last - first + 1;
+    if (first != last) return out;
+    a -= first * inner;
+    b -= first * inner;
+  }
+  return out;
+}
 
 inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbilities a) {
   const Layout& base = c.plan.src();
@@ -1042,13 +1065,29 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   const Placements& before = c.step.before;
   const Placements& after = c.step.after;
   const ReducedPartials reduced = reduced_partials(before, after);
-  const GroupParts gp = group_parts(base, before, after, reduced.dims, c.me);
+  const GroupParts gp = group_parts(base, before, after, reduced.dims, c.me, c.step.by_elements);
   ReducingExchangeWay w;
   w.op = reduced.op;
   w.me = group_index(mesh, c.me, reduced.dims);
   std::size_t packed = 0;
   for (int j = 0; j < gp.members; ++j) {
     w.peers.push_back(mesh.rank(group_member(mesh, c.me, reduced.dims, j)));
+    if (gp.by_elements) {  // one run of the block (gp.block, this rank's block before)
+      const std::int64_t first = gp.part_first(j), n = gp.part_numel(j);
+      const std::size_t bytes = static_cast<std::size_t>(n) * c.elem;
+      Box none = gp.block;
+      none.shape[0] = 0;
+      w.parts.push_back(n == 0 ? none : run_bounds(gp.block, first, first + n));
+      w.in_place.push_back(n != 0);
+      w.where.push_back(PieceRuns{static_cast<std::size_t>(first) * c.elem, {1, bytes, bytes}});
+      if (j == w.me) {
+        w.part_bytes = bytes;
+        if (n != 0)
+          w.lead = static_cast<std::size_t>(first) * c.elem -
+                   slab_offset(w.parts.back(), gp.block, c.elem);
+      }
+      continue;
+    }
     const Box part = gp.part(j);
     w.parts.push_back(part);
     const std::size_t bytes = bytes_of(part, c.elem);
@@ -1060,13 +1099,15 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
     w.in_place.push_back(runs.has_value() && !part.empty());
     w.where.push_back(runs ? *runs : PieceRuns{packed, {1, bytes, bytes}});
     if (j != w.me && !runs) packed += bytes;
+    if (j == w.me) w.part_bytes = bytes;
   }
   const auto me = static_cast<std::size_t>(w.me);
-  const Box& own = w.parts[me];
-  w.part_bytes = bytes_of(own, c.elem);
+  w.reduced_box = w.parts[me];
+  const Box& own = w.reduced_box;
   w.slots = w.parts.size() - (w.in_place[me] && w.parts.size() > 1 ? 1 : 0);
   for_each_owned_target(
-      base, before, after, own, c.me, [&](const MeshCoord& receiver, const Box& piece) {
+      base, before, after, gp.part_boxes(w.me), c.me,
+      [&](const MeshCoord& receiver, const Box& piece) {
         if (receiver == c.me) {
           w.deliver.own.push_back(piece);
           return;
@@ -1075,13 +1116,15 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
                                                     a.strided_exchange, w.deliver.send));
       });
   for_each_owner(
-      base, before, after, reduced.dims, c.me, [&](const MeshCoord& owner, const Box& piece) {
+      base, before, after, reduced.dims, c.step.by_elements, c.me,
+      [&](const MeshCoord& owner, const Box& piece) {
         if (owner == c.me) return;  // among deliver.own
         w.deliver.incoming.push_back(exchange_piece(mesh.rank(owner), piece, c.want, c.elem,
                                                     a.strided_exchange, w.deliver.recv));
       });
   w.deliver_send_at = packed;
-  w.deliver_recv_at = w.part_bytes * w.slots;
+  // The first slot spans the reduced box (by elements, up to a row more than the part).
+  w.deliver_recv_at = w.slots == 0 ? 0 : bytes_of(own, c.elem) + w.part_bytes * (w.slots - 1);
   w.send = packed + w.deliver.send;
   w.recv = w.deliver_recv_at + w.deliver.recv;
   w.use_spare(c.spare_bytes);
@@ -1099,7 +1142,9 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   const auto me = static_cast<std::size_t>(w.me);
   const Box& own = w.parts[me];
   const bool own_in_place = w.slots < w.parts.size();
-  std::byte* reduced = b.recv;
+  // The first slot spans the reduced box, the part `lead` bytes into it; the others follow.
+  std::byte* reduced = b.recv + w.lead;
+  std::byte* const later_slots = b.recv + bytes_of(w.reduced_box, c.elem);
   Messages m;
   std::vector<const void*> partials(w.parts.size());
   std::size_t slots = 0;
@@ -1108,7 +1153,8 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
       partials[j] = cur + w.where[j].offset;
       continue;
     }
-    std::byte* slot = b.recv + slots++ * w.part_bytes;
+    std::byte* slot = slots == 0 ? reduced : later_slots + (slots - 1) * w.part_bytes;
+    ++slots;
     partials[j] = slot;
     if (j == me) {
       if (w.part_bytes != 0) copy_piece(ops, cur, c.have, slot, own, own, c.elem);
@@ -1129,10 +1175,10 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
     reduce_with_runs(ops, dtype, reduced, partials, me, cur + w.where[me].offset, w.where[me].runs,
                      c.elem, w.op);
   } else {
-    ops.reduce(dtype, reduced, partials, static_cast<std::size_t>(own.numel()), w.op);
+    ops.reduce(dtype, reduced, partials, w.part_bytes / c.elem, w.op);
   }
-  co_await move_pieces(link, ops, w.deliver, reduced, own, out, c.want, b.send + w.deliver_send_at,
-                       b.recv + w.deliver_recv_at, c.elem);
+  co_await move_pieces(link, ops, w.deliver, b.recv, w.reduced_box, out, c.want,
+                       b.send + w.deliver_send_at, b.recv + w.deliver_recv_at, c.elem);
   co_return b.allocated();
 }
 
