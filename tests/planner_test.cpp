@@ -12,7 +12,6 @@
 #include <limits>
 #include <optional>
 #include <span>
-#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -202,6 +201,42 @@ void require_maxima(const Plan& p, bool reference) {
     else
       REQUIRE(s.est_us == us_most);
   }
+}
+
+// Calls f(mesh, src, dst, dims) for every exchange from a Partial (reducing the mesh dims
+// `dims`) between placements of `froms` and `tos` that fit the mesh and the shape, f32, on every
+// mesh and shape.
+template <class F>
+void for_each_reducing_case(std::initializer_list<DeviceMesh> meshes,
+                            std::initializer_list<const char*> froms,
+                            std::initializer_list<const char*> tos,
+                            std::initializer_list<Shape> shapes, F&& f) {
+  auto fits = [](const Placements& ps, const DeviceMesh& m, const Shape& shape) {
+    if (static_cast<int>(ps.size()) != m.ndim()) return false;
+    for (const Placement& p : ps)
+      if (p.is_shard() && p.dim() >= static_cast<int>(shape.size())) return false;
+    return true;
+  };
+  for (const DeviceMesh& m : meshes)
+    for (const char* from : froms)
+      for (const char* to : tos)
+        for (const Shape& shape : shapes) {
+          const Placements a = parse_placements(from), b = parse_placements(to);
+          if (!fits(a, m, shape) || !fits(b, m, shape)) continue;
+          const Layout src(m, a, shape, DType::f32), dst(m, b, shape, DType::f32);
+          INFO(fmt::format("{} {} {} -> {}", m, shape, from, to));
+          const unsigned dims = detail::reduced_partials(a, b).dims;
+          REQUIRE(dims != 0);
+          f(m, src, dst, dims);
+        }
+}
+
+// The first member of every group on the mesh dims `dims`.
+std::vector<MeshCoord> group_leaders(const DeviceMesh& m, unsigned dims) {
+  std::vector<MeshCoord> out;
+  for (int r = 0; r < m.size(); ++r)
+    if (detail::group_index(m, m.coordinate(r), dims) == 0) out.push_back(m.coordinate(r));
+  return out;
 }
 
 }  // namespace
@@ -1145,70 +1180,65 @@ TEST_CASE("an exchange from a Partial: each group reduces parts cut to what its 
   auto count = [](const Box& part, const Box& target, int g) {
     return (g - 1) * part.numel() + target.numel() - overlap_numel(part, target);
   };
-  for (const DeviceMesh& m : {DeviceMesh({4}), square, DeviceMesh({2, 4})})
-    for (const char* from : {"P(sum)", "P(sum),S(0)", "S(1),P(max)", "R,P(sum)", "P(sum),P(sum)"})
-      for (const char* to : {"S(0)", "R,S(1)", "S(1),S(0)", "S(0),S(0)", "S(1),R"})
-        for (const Shape& shape : {Shape{8, 16}, Shape{5, 7}, Shape{3, 2}}) {
-          const Placements a = parse_placements(from), b = parse_placements(to);
-          if (static_cast<int>(a.size()) != m.ndim() || static_cast<int>(b.size()) != m.ndim())
-            continue;
-          const Layout src(m, a, shape, DType::f32), dst(m, b, shape, DType::f32);
-          INFO(fmt::format("{} {} {} -> {}", m, shape, from, to));
-          const unsigned dims = detail::reduced_partials(a, b).dims;
-          REQUIRE(dims != 0);
-          for (int r = 0; r < m.size(); ++r) {
-            const MeshCoord c = m.coordinate(r);
-            if (detail::group_index(m, c, dims) != 0) continue;
-            const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c);
-            const int g = parts.members;
-            std::vector<Box> targets;
-            std::int64_t total = 0, busiest = 0;
-            for (int j = 0; j < g; ++j) {
-              targets.push_back(dst.local_box(detail::group_member(m, c, dims, j)));
-              const Box part = parts.part(j);
-              CHECK(overlap_numel(part, parts.block) == part.numel());
-              for (int q = 0; q < j; ++q) CHECK(overlap_numel(part, parts.part(q)) == 0);
-              total += part.numel();
-              busiest = std::max(busiest, count(part, targets.back(), g));
-            }
-            CHECK(total == parts.block.numel());
-            if (g > 4) continue;
-            std::int64_t least = std::numeric_limits<std::int64_t>::max();
-            for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
-              const std::int64_t lo = parts.block.offset[d], hi = lo + parts.block.shape[d];
-              std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, lo);
-              cut.back() = hi;
-              // Every non-decreasing choice of the inner cuts.
-              for (;;) {
-                for (const bool reversed : {false, true}) {
-                  std::int64_t most = 0;
-                  for (int j = 0; j < g; ++j) {
-                    const int i = reversed ? g - 1 - j : j;
-                    Box part = parts.block;
-                    part.offset[d] = cut[i];
-                    part.shape[d] = cut[i + 1] - cut[i];
-                    most = std::max(most, count(part, targets[j], g));
-                  }
-                  least = std::min(least, most);
+  for_each_reducing_case(
+      {DeviceMesh({4}), square, DeviceMesh({2, 4})},
+      {"P(sum)", "P(sum),S(0)", "S(1),P(max)", "R,P(sum)", "P(sum),P(sum)"},
+      {"S(0)", "R,S(1)", "S(1),S(0)", "S(0),S(0)", "S(1),R"},
+      {Shape{8, 16}, Shape{5, 7}, Shape{3, 2}},
+      [&](const DeviceMesh& m, const Layout& src, const Layout& dst, unsigned dims) {
+        const Placements &a = src.placements(), &b = dst.placements();
+        const Shape& shape = src.global_shape();
+        for (const MeshCoord& c : group_leaders(m, dims)) {
+          const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c);
+          const int g = parts.members;
+          std::vector<Box> targets;
+          std::int64_t total = 0, busiest = 0;
+          for (int j = 0; j < g; ++j) {
+            targets.push_back(dst.local_box(detail::group_member(m, c, dims, j)));
+            const Box part = parts.part(j);
+            CHECK(overlap_numel(part, parts.block) == part.numel());
+            for (int q = 0; q < j; ++q) CHECK(overlap_numel(part, parts.part(q)) == 0);
+            total += part.numel();
+            busiest = std::max(busiest, count(part, targets.back(), g));
+          }
+          CHECK(total == parts.block.numel());
+          if (g > 4) continue;
+          std::int64_t least = std::numeric_limits<std::int64_t>::max();
+          for (int d = 0; d < static_cast<int>(shape.size()); ++d) {
+            const std::int64_t lo = parts.block.offset[d], hi = lo + parts.block.shape[d];
+            std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, lo);
+            cut.back() = hi;
+            // Every non-decreasing choice of the inner cuts.
+            for (;;) {
+              for (const bool reversed : {false, true}) {
+                std::int64_t most = 0;
+                for (int j = 0; j < g; ++j) {
+                  const int i = reversed ? g - 1 - j : j;
+                  Box part = parts.block;
+                  part.offset[d] = cut[i];
+                  part.shape[d] = cut[i + 1] - cut[i];
+                  most = std::max(most, count(part, targets[j], g));
                 }
-                int i = g - 1;
-                while (i > 0 && cut[i] == hi) --i;
-                if (i == 0) break;
-                ++cut[i];
-                for (int q = i + 1; q < g; ++q) cut[q] = cut[i];
+                least = std::min(least, most);
               }
+              int i = g - 1;
+              while (i > 0 && cut[i] == hi) --i;
+              if (i == 0) break;
+              ++cut[i];
+              for (int q = i + 1; q < g; ++q) cut[q] = cut[i];
             }
-            CHECK(busiest == least);
           }
-          const Placements end = b;
-          const Plan one_step = detail::plan_builder::build(
-              src, dst, {}, &end, {}, PlanOptions{}.with_cost_model(CostModel::defaults(m)));
-          REQUIRE(one_step.size() == 1);
-          for (int r = 0; r < m.size(); ++r) {
-            const RankBytes want = reference_bytes(src, one_step[0], m.coordinate(r));
-            CHECK(step_rank_bytes(one_step, 0, r) == want);
-          }
+          CHECK(busiest == least);
         }
+        const Placements end = b;
+        const Plan one_step = detail::plan_builder::build(
+            src, dst, {}, &end, {}, PlanOptions{}.with_cost_model(CostModel::defaults(m)));
+        REQUIRE(one_step.size() == 1);
+        for (int r = 0; r < m.size(); ++r) {
+          const RankBytes want = reference_bytes(src, one_step[0], m.coordinate(r));
+          CHECK(step_rank_bytes(one_step, 0, r) == want);
+        }
+      });
 }
 
 TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "[planner]") {
@@ -1241,97 +1271,87 @@ TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "
   // exactly the least over every cut of the elements in order (brute force, either order).
   const DeviceMesh line({4}), grid({2, 4});
   int cut_by_elements = 0;
-  for (const DeviceMesh& m : {line, grid})
-    for (const char* from : {"P(sum)", "P(sum),S(1)", "S(0),P(max)", "P(sum),P(sum)"})
-      for (const char* to : {"S(0)", "R,S(0)", "S(0),S(0)", "S(1),S(0)"})
-        for (const Shape& shape : {Shape{7, 10}, Shape{5, 3}, Shape{9}, Shape{3, 2, 5}}) {
-          const Placements a = parse_placements(from), b = parse_placements(to);
-          if (static_cast<int>(a.size()) != m.ndim() || static_cast<int>(b.size()) != m.ndim())
-            continue;
-          if (shape.size() < 2 && (std::string_view(from).find("S(1)") != std::string_view::npos ||
-                                   std::string_view(to).find("S(1)") != std::string_view::npos))
-            continue;
-          const Layout src(m, a, shape, DType::f32), dst(m, b, shape, DType::f32);
-          INFO(fmt::format("{} {} {} -> {}", m, shape, from, to));
-          const unsigned dims = detail::reduced_partials(a, b).dims;
-          REQUIRE(dims != 0);
-          for (int r = 0; r < m.size(); ++r) {
-            const MeshCoord c = m.coordinate(r);
-            if (detail::group_index(m, c, dims) != 0) continue;
-            const detail::GroupParts along = detail::group_parts(src, a, b, dims, c);
-            const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c, true);
-            const int g = parts.members;
-            std::vector<Box> targets;
-            auto busiest_of = [&](const detail::GroupParts& p) {
-              std::int64_t most = 0;
-              for (int j = 0; j < g; ++j) {
-                std::int64_t in = 0;
-                for (const Box& box : p.part_boxes(j)) in += overlap_numel(box, targets[j]);
-                most = std::max(most, (g - 1) * p.part_numel(j) + targets[j].numel() - in);
-              }
-              return most;
-            };
-            std::int64_t total = 0;
-            std::vector<Box> all;
+  for_each_reducing_case(
+      {line, grid}, {"P(sum)", "P(sum),S(1)", "S(0),P(max)", "P(sum),P(sum)"},
+      {"S(0)", "R,S(0)", "S(0),S(0)", "S(1),S(0)"},
+      {Shape{7, 10}, Shape{5, 3}, Shape{9}, Shape{3, 2, 5}},
+      [&](const DeviceMesh& m, const Layout& src, const Layout& dst, unsigned dims) {
+        const Placements &a = src.placements(), &b = dst.placements();
+        for (const MeshCoord& c : group_leaders(m, dims)) {
+          const detail::GroupParts along = detail::group_parts(src, a, b, dims, c);
+          const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c, true);
+          const int g = parts.members;
+          std::vector<Box> targets;
+          auto busiest_of = [&](const detail::GroupParts& p) {
+            std::int64_t most = 0;
             for (int j = 0; j < g; ++j) {
-              targets.push_back(dst.local_box(detail::group_member(m, c, dims, j)));
-              for (const Box& box : parts.part_boxes(j)) {
-                CHECK(overlap_numel(box, parts.block) == box.numel());
-                for (const Box& other : all) CHECK(overlap_numel(box, other) == 0);
-                all.push_back(box);
-                total += box.numel();
-              }
+              std::int64_t in = 0;
+              for (const Box& box : p.part_boxes(j)) in += overlap_numel(box, targets[j]);
+              most = std::max(most, (g - 1) * p.part_numel(j) + targets[j].numel() - in);
             }
-            CHECK(total == parts.block.numel());
-            const std::int64_t busiest = busiest_of(parts);
-            CHECK(busiest <= busiest_of(along));
-            if (!parts.by_elements) {
-              CHECK(parts.cut[0] == along.cut[0]);
-              continue;
+            return most;
+          };
+          std::int64_t total = 0;
+          std::vector<Box> all;
+          for (int j = 0; j < g; ++j) {
+            targets.push_back(dst.local_box(detail::group_member(m, c, dims, j)));
+            for (const Box& box : parts.part_boxes(j)) {
+              CHECK(overlap_numel(box, parts.block) == box.numel());
+              for (const Box& other : all) CHECK(overlap_numel(box, other) == 0);
+              all.push_back(box);
+              total += box.numel();
             }
-            ++cut_by_elements;
-            CHECK(busiest < busiest_of(along));
-            if (g > 4) continue;
-            // Every non-decreasing choice of the inner cuts, in either order.
-            const std::int64_t n = parts.block.numel();
-            std::int64_t least = std::numeric_limits<std::int64_t>::max();
-            std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, 0);
-            cut.back() = n;
-            for (;;) {
-              for (const bool reversed : {false, true}) {
-                detail::GroupParts p = parts;
-                p.reversed = reversed;
-                for (int i = 0; i <= g; ++i) p.cut[i] = cut[static_cast<std::size_t>(i)];
-                least = std::min(least, busiest_of(p));
-              }
-              int i = g - 1;
-              while (i > 0 && cut[static_cast<std::size_t>(i)] == n) --i;
-              if (i == 0) break;
-              ++cut[static_cast<std::size_t>(i)];
-              for (int q = i + 1; q < g; ++q)
-                cut[static_cast<std::size_t>(q)] = cut[static_cast<std::size_t>(i)];
-            }
-            CHECK(busiest == least);
           }
-          // Both cuts' one-step plans: bytes as defined on every rank, and correct values.
-          const Placements end = b;
-          for (const bool by_elements : {false, true}) {
-            const Plan one_step = detail::plan_builder::build(
-                src, dst, {}, &end, {}, PlanOptions{}.with_cost_model(CostModel::defaults(m)),
-                nullptr, nullptr, by_elements);
-            REQUIRE(one_step.size() == 1);
-            CHECK(one_step[0].by_elements == by_elements);
-            for (int r = 0; r < m.size(); ++r) {
-              const RankBytes want = reference_bytes(src, one_step[0], m.coordinate(r));
-              CHECK(step_rank_bytes(one_step, 0, r) == want);
-            }
-            const Verification v = verify_on_simulator(one_step);
-            CHECK(v.difference == "");
-            REQUIRE(v.verified);
-            for (int r = 0; r < m.size(); ++r)
-              CHECK(v.measured[static_cast<std::size_t>(r)] == step_rank_bytes(one_step, 0, r));
+          CHECK(total == parts.block.numel());
+          const std::int64_t busiest = busiest_of(parts);
+          CHECK(busiest <= busiest_of(along));
+          if (!parts.by_elements) {
+            CHECK(parts.cut[0] == along.cut[0]);
+            continue;
           }
+          ++cut_by_elements;
+          CHECK(busiest < busiest_of(along));
+          if (g > 4) continue;
+          // Every non-decreasing choice of the inner cuts, in either order.
+          const std::int64_t n = parts.block.numel();
+          std::int64_t least = std::numeric_limits<std::int64_t>::max();
+          std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, 0);
+          cut.back() = n;
+          for (;;) {
+            for (const bool reversed : {false, true}) {
+              detail::GroupParts p = parts;
+              p.reversed = reversed;
+              for (int i = 0; i <= g; ++i) p.cut[i] = cut[static_cast<std::size_t>(i)];
+              least = std::min(least, busiest_of(p));
+            }
+            int i = g - 1;
+            while (i > 0 && cut[static_cast<std::size_t>(i)] == n) --i;
+            if (i == 0) break;
+            ++cut[static_cast<std::size_t>(i)];
+            for (int q = i + 1; q < g; ++q)
+              cut[static_cast<std::size_t>(q)] = cut[static_cast<std::size_t>(i)];
+          }
+          CHECK(busiest == least);
         }
+        // Both cuts' one-step plans: bytes as defined on every rank, and correct values.
+        const Placements end = b;
+        for (const bool by_elements : {false, true}) {
+          const Plan one_step = detail::plan_builder::build(
+              src, dst, {}, &end, {}, PlanOptions{}.with_cost_model(CostModel::defaults(m)),
+              nullptr, nullptr, by_elements);
+          REQUIRE(one_step.size() == 1);
+          CHECK(one_step[0].by_elements == by_elements);
+          for (int r = 0; r < m.size(); ++r) {
+            const RankBytes want = reference_bytes(src, one_step[0], m.coordinate(r));
+            CHECK(step_rank_bytes(one_step, 0, r) == want);
+          }
+          const Verification v = verify_on_simulator(one_step);
+          CHECK(v.difference == "");
+          REQUIRE(v.verified);
+          for (int r = 0; r < m.size(); ++r)
+            CHECK(v.measured[static_cast<std::size_t>(r)] == step_rank_bytes(one_step, 0, r));
+        }
+      });
   CHECK(cut_by_elements > 10);
   // 7x10 f32 reduced and scattered by rows over 4 ranks: a ring reduce-scatter (and PyTorch's)
   // receives 3 rows of 10 (240 B) on the ranks of 2 rows; cut by elements, the rank of one row

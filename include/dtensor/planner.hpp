@@ -1611,11 +1611,10 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       }
       auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
       // Between uneven layouts, also with blocks cut by elements where some group's busiest
-      // member receives fewer so (GroupParts::by_elements).
+      // member receives fewer so (GroupParts::by_elements), looked for over every group once
+      // the floors at `at` pass.
       for (const bool by_elements : {false, true}) {
-        if (by_elements &&
-            ((is_even(src, from) && is_even(src, b)) || !cuts_by_elements(src, from, b, dims)))
-          break;
+        if (by_elements && is_even(src, from) && is_even(src, b)) break;
         if (timed) {
           const GroupParts parts = group_parts(src, from, b, dims, at, by_elements);
           const RoundFloors floors =
@@ -1628,6 +1627,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
               beat)
             continue;
         }
+        if (by_elements && !cuts_by_elements(src, from, b, dims)) break;
         const Plan p =
             plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {}, options,
                                 plan_builder::incumbent(best), &probe, by_elements);

@@ -396,6 +396,22 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
   return out;
 }
 
+// Whether every member of the group of `coord` (on the mesh dims `dims`) has a target block that
+// meets the group's block in one run of it, or not at all: where group_parts may cut by elements.
+constexpr bool targets_meet_in_runs(const Layout& base, const Placements& before,
+                                    const Placements& after, unsigned dims,
+                                    const MeshCoord& coord) {
+  const DeviceMesh& mesh = base.mesh();
+  const Box block = base.local_box(before, coord);
+  if (base.tensor_ndim() == 0 || block.empty()) return false;
+  for (int j = 0; j < group_size(mesh, dims); ++j) {
+    const Box in = intersect(base.local_box(after, group_member(mesh, coord, dims, j)), block);
+    const ElementRun r = element_run(in, block);
+    if (r.last < r.first) return false;
+  }
+  return true;
+}
+
 // Whether some group of an exchange from `before` to `after` (reducing the mesh dims `dims`)
 // cuts its block by elements where it may (group_parts).
 constexpr bool cuts_by_elements(const Layout& base, const Placements& before,
@@ -403,7 +419,7 @@ constexpr bool cuts_by_elements(const Layout& base, const Placements& before,
   const DeviceMesh& mesh = base.mesh();
   for (int i = 0; i < mesh.size(); ++i) {
     const MeshCoord c = mesh.coordinate_at(i);
-    if (group_index(mesh, c, dims) == 0 &&
+    if (group_index(mesh, c, dims) == 0 && targets_meet_in_runs(base, before, after, dims, c) &&
         group_parts(base, before, after, dims, c, true).by_elements)
       return true;
   }
