@@ -57,7 +57,9 @@ int main(int argc, char** argv) {
                         {"2x4", "S(0),S(1)", "P(max),S(0)", Objective::bytes},
                         {"2x2x2", "S(1),S(0),S(0)", "P(min),P(min),R", Objective::bytes},
                         {"2x2x2", "S(0),R,S(0)", "P(sum),S(0),S(0)"},
-                        // Exchanges from a Partial: each group reduces parts, then delivers.
+                        // Exchanges from a Partial: each group reduces parts, then delivers
+                        // (of 5x7, all but P(max),S(1) and P(min),R,S(0) cut by elements).
+                        {"8", "P(sum)", "S(0)", Objective::bytes},
                         {"2x4", "P(sum),S(0)", "S(0),S(1)", Objective::bytes},
                         {"2x4", "P(max),S(1)", "R,S(0)", Objective::bytes},
                         {"2x2x2", "S(0),P(sum),S(1)", "S(1),S(1),R", Objective::bytes},
