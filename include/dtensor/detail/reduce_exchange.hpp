@@ -11,8 +11,9 @@
 // An exchange from a Partial: a step from placements with Partial(op) on some mesh dims (the
 // reduced dims, one op on all) to placements without Partial, in two point-to-point rounds. The
 // ranks that differ only on the reduced dims (a group) hold partial values of one block. First
-// each member reduces its part of that block (one box: a range of one tensor dim) from every
-// member's partial of it, in group order, so that groups holding the same block compute
+// each member reduces its part of that block (a range of one tensor dim, or where the step says
+// so, Step::by_elements, a run of its elements in row-major order) from every member's partial
+// of it, in group order, so that groups holding the same block compute
 // bit-identical values; then every rank receives the elements of its target block from their
 // owners in the group next to it (the one whose coordinates on the source's Replicate dims are
 // its own), keeping those it owns. Each group cuts its block so that its busiest member receives
