@@ -90,6 +90,16 @@ static_assert(plan_redistribute(square("P(sum),S(0)"), square("S(0),S(1)"), fewe
 static_assert(plan_redistribute(square("P(sum),S(0)"), square("S(0),S(1)"), fewest_bytes)
                   .bytes_recv_max() == 192);
 
+// Cut by elements: 7 rows of 10 reduced and scattered over 4 ranks, the member of one row
+// reducing more than a row's share: 228 B per rank, where a reduce-scatter receives 240 B.
+constexpr Layout uneven_line(const char* placements) {
+  return {DeviceMesh({4}), parse_placements(placements), {7, 10}};
+}
+static_assert(
+    plan_redistribute(uneven_line("P(sum)"), uneven_line("S(0)"), fewest_bytes)[0].by_elements);
+static_assert(plan_redistribute(uneven_line("P(sum)"), uneven_line("S(0)"), fewest_bytes)
+                  .bytes_recv_max() == 228);
+
 // Adjoint pairs.
 static_assert(plan_adjoint(on1("S(0)"), on1("R"))[0].kind == StepKind::reduce_scatter);
 static_assert(plan_adjoint(on1("R"), on1("S(0)"))[0].kind == StepKind::fill);
