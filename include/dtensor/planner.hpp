@@ -1598,18 +1598,17 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       const double beat = timed ? plan_builder::time_to_beat(best) : 0;
       const CostModel& model = options.cost_model;
       double shared = 0;
+      auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
       MeshCoord at = probe;
       if (timed) {
         const RoundFloors quick = reducing_exchange_floors(src, from, b, probe, model, false);
         if (quick.first + quick.second > beat) continue;
         shared = shared_targets_floor(src, from, b, probe, model);
-        if (quick.first + (quick.second > shared ? quick.second : shared) > beat) continue;
+        if (quick.first + at_least_shared(quick.second) > beat) continue;
         const SlowestFloors slowest = slowest_quick_floors(src, from, b, model);
-        const double second = slowest.floors.second;
-        if (slowest.floors.first + (second > shared ? second : shared) > beat) continue;
+        if (slowest.floors.first + at_least_shared(slowest.floors.second) > beat) continue;
         if (slowest.floors.second > quick.second) at = slowest.at;
       }
-      auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
       // Between uneven layouts, also with blocks cut by elements where some group's busiest
       // member receives fewer so (GroupParts::by_elements), looked for over every group once
       // the floors at `at` pass.

@@ -600,7 +600,8 @@ constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placemen
 // others (the rest), at best over the fastest of the links between members, and of all. Without
 // `cut`, lower ones that do not cut the group's block: the member with the largest part (at
 // least 1/g of the block) receives g-1 messages of it, and `coord` what of its target block its
-// group's block lacks. `own`, when given with `cut`, is the parts of the group of `coord`.
+// group's block lacks. `own`, when given with `cut`, is the parts of the group of `coord` (a
+// cut by elements is given so; without it, the cut along a dim is found).
 struct RoundFloors {
   double first = 0;
   double second = 0;
@@ -609,8 +610,7 @@ struct RoundFloors {
 constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placements& before,
                                                const Placements& after, const MeshCoord& coord,
                                                const CostModel& cost, bool cut,
-                                               const GroupParts* own = nullptr,
-                                               bool by_elements = false) {
+                                               const GroupParts* own = nullptr) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
   const LinkCost inside = fastest_link(mesh, cost, dims), any = fastest_link(mesh, cost);
@@ -629,8 +629,7 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
           LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
     return out;
   }
-  const GroupParts parts =
-      own != nullptr ? *own : group_parts(base, before, after, dims, coord, by_elements);
+  const GroupParts parts = own != nullptr ? *own : group_parts(base, before, after, dims, coord);
   for (int j = 0; j < parts.members; ++j) {
     const MeshCoord member = group_member(mesh, coord, dims, j);
     ExchangeCost e;
@@ -716,9 +715,9 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   const int g = group_size(mesh, dims);
   if (ranks > max_partial_exchange_ranks || g > max_reducing_group) return false;
   // Each rank's part: a range of one tensor dim of its group's block, or (dim -1) of its
-  // elements in row-major order. Written for every rank
-  // below (each is a member of one group) before it is read: not cleared, since clearing the
-  // whole table costs more than the rest of a small mesh's costing.
+  // elements in row-major order. Written for every rank below (each is a member of one group)
+  // before it is read: not cleared, since clearing the whole table costs more than the rest of a
+  // small mesh's costing.
   struct Part {
     std::int64_t lo, hi;
     int dim;
@@ -759,14 +758,16 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
     // parts found above.
     for_each_source_of(base, before, base.local_box(after, receiver), receiver,
                        [&](const MeshCoord& group, const Box& piece) {
+                         Box block;  // the group's, where a part is a run of its elements
                          for (int j = 0; j < g; ++j) {
                            const MeshCoord owner = group_member(mesh, group, dims, j);
                            if (owner == receiver) continue;
                            const int at = mesh.index(owner);
                            const Part& p = part[at];
                            if (p.dim < 0) {  // a run of the block's elements: its boxes
+                             if (block.shape.empty()) block = base.local_box(before, group);
                              RunBoxes boxes;
-                             run_boxes(base.local_box(before, group), p.lo, p.hi, boxes);
+                             run_boxes(block, p.lo, p.hi, boxes);
                              for (const Box& box : boxes) {
                                const std::int64_t n = overlap_numel(piece, box);
                                if (n == 0) continue;
