@@ -129,19 +129,25 @@ constexpr void run_boxes(const Box& block, std::int64_t a, std::int64_t b, RunBo
   }
 }
 
+// Whether `piece`, a box inside the row-major block `block`, is one contiguous run of it: every
+// dim after its first of extent above 1 is whole.
+constexpr bool contiguous_in(const Box& piece, const Box& block) {
+  std::size_t d = 0;
+  while (d < piece.shape.size() && piece.shape[d] == 1) ++d;
+  for (std::size_t e = d + 1; e < piece.shape.size(); ++e)
+    if (piece.shape[e] != block.shape[e]) return false;
+  return true;
+}
+
 // Where `in`, a box inside `block`, lies in the block's row-major order when it is one run of it
-// (every dim after its first of extent above 1 whole): [first, last) of its elements; {0, -1}
-// otherwise, {0, 0} when empty.
+// (contiguous_in): [first, last) of its elements; {0, -1} otherwise, {0, 0} when empty.
 struct ElementRun {
   std::int64_t first = 0;
   std::int64_t last = 0;
 };
 constexpr ElementRun element_run(const Box& in, const Box& block) {
   if (in.empty()) return {};
-  std::size_t d = 0;
-  while (d < in.shape.size() && in.shape[d] == 1) ++d;
-  for (std::size_t e = d + 1; e < in.shape.size(); ++e)
-    if (in.shape[e] != block.shape[e]) return {0, -1};
+  if (!contiguous_in(in, block)) return {0, -1};
   std::int64_t at = 0;
   for (std::size_t e = 0; e < block.shape.size(); ++e)
     at = at * block.shape[e] + (in.offset[e] - block.offset[e]);

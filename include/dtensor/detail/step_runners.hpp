@@ -930,16 +930,6 @@ Task<std::size_t> run_all_reduce_by_messages(L link, const Ops& ops, const StepC
   co_return b.allocated();
 }
 
-// Whether `piece`, a box inside the row-major block `block`, is one contiguous run of it: every
-// dim after its first of extent above 1 is whole.
-inline bool contiguous_in(const Box& piece, const Box& block) {
-  std::size_t d = 0;
-  while (d < piece.shape.size() && piece.shape[d] == 1) ++d;
-  for (std::size_t e = d + 1; e < piece.shape.size(); ++e)
-    if (piece.shape[e] != block.shape[e]) return false;
-  return true;
-}
-
 // How an exchange moves its pieces on this rank: the pieces to and from other ranks, each sent
 // from the block or received into the target where it lies there (one contiguous run, or, on a
 // link that moves strided messages, runs of one stride), packed or staged one after another
