@@ -1242,38 +1242,45 @@ TEST_CASE("an exchange from a Partial: each group reduces parts cut to what its 
 }
 
 TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "[planner]") {
-  // run_boxes: the boxes of a run are inside the block, in row-major order, and hold exactly
-  // the run's elements.
+  // run_boxes: the boxes of a run are inside the block, in the order with tensor dim `outer`
+  // outermost (row-major for 0), and hold exactly the run's elements; run_bounds holds them.
   for (const Shape& shape : {Shape{7}, Shape{7, 10}, Shape{3, 4, 5}, Shape{2, 1, 3, 2}}) {
     Box block;
     block.shape = shape;
     for (std::int64_t s : shape) block.offset.push_back(s % 3);
     const std::int64_t n = block.numel();
-    for (std::int64_t a = 0; a <= n; ++a)
-      for (std::int64_t b = a; b <= n; ++b) {
-        detail::RunBoxes boxes;
-        detail::run_boxes(block, a, b, boxes);
-        INFO(fmt::format("{} [{}, {})", shape, a, b));
-        CHECK(boxes.size() <= 2 * shape.size() - 1);
-        std::int64_t next = a;
-        for (const Box& box : boxes) {
-          const detail::ElementRun r = detail::element_run(box, block);
-          CHECK(r.first == next);  // one run of the block, right after the one before
-          CHECK(r.last == r.first + box.numel());
-          CHECK(overlap_numel(box, block) == box.numel());
-          next = r.last;
+    for (int outer = 0; outer < static_cast<int>(shape.size()); ++outer) {
+      CHECK(detail::outer_back(detail::outer_first(block, outer), outer) == block);
+      for (std::int64_t a = 0; a <= n; ++a)
+        for (std::int64_t b = a; b <= n; ++b) {
+          detail::RunBoxes boxes;
+          detail::run_boxes(block, a, b, boxes, outer);
+          INFO(fmt::format("{} [{}, {}) outer {}", shape, a, b, outer));
+          CHECK(boxes.size() <= 2 * shape.size() - 1);
+          std::int64_t next = a;
+          const Box bounds = b > a ? detail::run_bounds(block, a, b, outer) : block;
+          CHECK(detail::element_run(bounds, block, outer).last >= 0);  // one run itself
+          for (const Box& box : boxes) {
+            const detail::ElementRun r = detail::element_run(box, block, outer);
+            CHECK(r.first == next);  // one run of the block, right after the one before
+            CHECK(r.last == r.first + box.numel());
+            CHECK(overlap_numel(box, block) == box.numel());
+            CHECK(overlap_numel(box, bounds) == box.numel());
+            next = r.last;
+          }
+          CHECK(next == b);
         }
-        CHECK(next == b);
-      }
+    }
   }
   // Where every member's target meets the block in one run, the parts tile the block, and the
   // busiest member receives no more than under the best cut along a dim; on these small blocks
-  // exactly the least over every cut of the elements in order (brute force, either order).
+  // exactly the least over every cut of the elements in every order where the targets meet the
+  // block in runs (brute force, members in either order).
   const DeviceMesh line({4}), grid({2, 4});
-  int cut_by_elements = 0;
+  int cut_by_elements = 0, cut_by_columns = 0;
   for_each_reducing_case(
       {line, grid}, {"P(sum)", "P(sum),S(1)", "S(0),P(max)", "P(sum),P(sum)"},
-      {"S(0)", "R,S(0)", "S(0),S(0)", "S(1),S(0)"},
+      {"S(0)", "R,S(0)", "S(0),S(0)", "S(1),S(0)", "S(1)", "S(0),S(1)", "S(1),S(1)"},
       {Shape{7, 10}, Shape{5, 3}, Shape{9}, Shape{3, 2, 5}},
       [&](const DeviceMesh& m, const Layout& src, const Layout& dst, unsigned dims) {
         const Placements &a = src.placements(), &b = dst.placements();
@@ -1310,26 +1317,36 @@ TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "
             continue;
           }
           ++cut_by_elements;
+          cut_by_columns += parts.outer != 0 ? 1 : 0;
           CHECK(busiest < busiest_of(along));
           if (g > 4) continue;
-          // Every non-decreasing choice of the inner cuts, in either order.
+          // Every non-decreasing choice of the inner cuts, in either order of the members, in
+          // every order of the elements where each target meets the block in one run.
           const std::int64_t n = parts.block.numel();
           std::int64_t least = std::numeric_limits<std::int64_t>::max();
-          std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, 0);
-          cut.back() = n;
-          for (;;) {
-            for (const bool reversed : {false, true}) {
-              detail::GroupParts p = parts;
-              p.reversed = reversed;
-              for (int i = 0; i <= g; ++i) p.cut[i] = cut[static_cast<std::size_t>(i)];
-              least = std::min(least, busiest_of(p));
+          for (int outer = 0; outer < static_cast<int>(parts.block.shape.size()); ++outer) {
+            bool runs = true;
+            for (const Box& t : targets)
+              runs = runs &&
+                     detail::element_run(intersect(t, parts.block), parts.block, outer).last >= 0;
+            if (!runs) continue;
+            std::vector<std::int64_t> cut(static_cast<std::size_t>(g) + 1, 0);
+            cut.back() = n;
+            for (;;) {
+              for (const bool reversed : {false, true}) {
+                detail::GroupParts p = parts;
+                p.reversed = reversed;
+                p.outer = outer;
+                for (int i = 0; i <= g; ++i) p.cut[i] = cut[static_cast<std::size_t>(i)];
+                least = std::min(least, busiest_of(p));
+              }
+              int i = g - 1;
+              while (i > 0 && cut[static_cast<std::size_t>(i)] == n) --i;
+              if (i == 0) break;
+              ++cut[static_cast<std::size_t>(i)];
+              for (int q = i + 1; q < g; ++q)
+                cut[static_cast<std::size_t>(q)] = cut[static_cast<std::size_t>(i)];
             }
-            int i = g - 1;
-            while (i > 0 && cut[static_cast<std::size_t>(i)] == n) --i;
-            if (i == 0) break;
-            ++cut[static_cast<std::size_t>(i)];
-            for (int q = i + 1; q < g; ++q)
-              cut[static_cast<std::size_t>(q)] = cut[static_cast<std::size_t>(i)];
           }
           CHECK(busiest == least);
         }
@@ -1353,6 +1370,7 @@ TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "
         }
       });
   CHECK(cut_by_elements > 10);
+  CHECK(cut_by_columns > 4);
   // 7x10 f32 reduced and scattered by rows over 4 ranks: a ring reduce-scatter (and PyTorch's)
   // receives 3 rows of 10 (240 B) on the ranks of 2 rows; cut by elements, the rank of one row
   // reduces 17 elements and the others receive 228 B at most (the bound: 212 B).
@@ -1366,6 +1384,19 @@ TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "
   CHECK(by_bytes.bytes_recv_max() == 228);
   CHECK(plan_redistribute(p7, s7).bytes_recv_max() == 240);  // time: one reduce-scatter
   CHECK(verify_on_simulator(by_bytes).verified);
+  // By columns: 7x10 to column blocks of 3, 3, 3, 1 over 4 ranks. A reduce-scatter (and
+  // PyTorch's) receives 3 partials of 7x3 (252 B); cut into runs of the elements in column-major
+  // order, the rank of one column reduces more and the others receive 236 B at most.
+  const Layout c7(line, parse_placements("S(1)"), {7, 10}, DType::f32);
+  const Plan by_columns = plan_redistribute(p7, c7, {.objective = Objective::bytes});
+  INFO(explain(by_columns));
+  REQUIRE(by_columns.size() == 1);
+  CHECK(by_columns[0].by_elements);
+  CHECK(detail::group_parts(p7, p7.placements(), c7.placements(), 1u, MeshCoord{0}, true).outer ==
+        1);
+  CHECK(by_columns.bytes_recv_max() == 236);
+  CHECK(plan_redistribute(p7, c7).bytes_recv_max() == 252);
+  CHECK(verify_on_simulator(by_columns).verified);
 }
 
 TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never below the bound",

@@ -99,6 +99,12 @@ static_assert(
     plan_redistribute(uneven_line("P(sum)"), uneven_line("S(0)"), fewest_bytes)[0].by_elements);
 static_assert(plan_redistribute(uneven_line("P(sum)"), uneven_line("S(0)"), fewest_bytes)
                   .bytes_recv_max() == 228);
+// And by elements in column-major order to column blocks of 3, 3, 3 and 1: 236 B, where a
+// reduce-scatter receives 252 B.
+static_assert(
+    plan_redistribute(uneven_line("P(sum)"), uneven_line("S(1)"), fewest_bytes)[0].by_elements);
+static_assert(plan_redistribute(uneven_line("P(sum)"), uneven_line("S(1)"), fewest_bytes)
+                  .bytes_recv_max() == 236);
 
 // Adjoint pairs.
 static_assert(plan_adjoint(on1("S(0)"), on1("R"))[0].kind == StepKind::reduce_scatter);

@@ -54,7 +54,7 @@ inline std::string explain(const Plan& plan) {
   }
   if (padded) out += "  * uneven pieces padded to the group's largest (counted in the bytes)\n";
   if (by_elements)
-    out += "  + each group's block split among its members by elements in row-major order\n";
+    out += "  + each group's block split among its members by runs of its elements\n";
   const std::int64_t bound = plan.lower_bound_bytes_recv_max();
   out += fmt::format("total: recv max {} ({} B), lower bound {} ({} B)",
                      human_bytes(plan.bytes_recv_max()), plan.bytes_recv_max(), human_bytes(bound),

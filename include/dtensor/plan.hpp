@@ -122,7 +122,8 @@ struct Step {
   // Uneven pieces are padded to the largest piece of the group.
   bool padded = false;
   // An exchange from a Partial: each group's block is split among its members as runs of its
-  // elements in row-major order (a part may end mid-row), not along one tensor dim.
+  // elements (a part may end mid-row), in row-major order or with another tensor dim outermost
+  // (a part may end mid-column), not along one tensor dim.
   bool by_elements = false;
   std::int64_t bytes_send_max = 0;
   std::int64_t bytes_recv_max = 0;

@@ -12,13 +12,13 @@
 // reduced dims, one op on all) to placements without Partial, in two point-to-point rounds. The
 // ranks that differ only on the reduced dims (a group) hold partial values of one block. First
 // each member reduces its part of that block (a range of one tensor dim, or where the step says
-// so, Step::by_elements, a run of its elements in row-major order) from every member's partial
-// of it, in group order, so that groups holding the same block compute
-// bit-identical values; then every rank receives the elements of its target block from their
-// owners in the group next to it (the one whose coordinates on the source's Replicate dims are
-// its own), keeping those it owns. Each group cuts its block so that its busiest member receives
-// the fewest elements over both rounds, (g-1)|part| + |target| - |target ∩ part|: a member
-// whose target lies in the block owns more of it, up to the balance. Where reducing every
+// so, Step::by_elements, a run of its elements in row-major order, or in the order with another
+// tensor dim outermost) from every member's partial of it, in group order, so that groups holding
+// the same block compute bit-identical values; then every rank receives the elements of its target
+// block from their owners in the group next to it (the one whose coordinates on the source's
+// Replicate dims are its own), keeping those it owns. Each group cuts its block so that its busiest
+// member receives the fewest elements over both rounds, (g-1)|part| + |target| - |target ∩ part|: a
+// member whose target lies in the block owns more of it, up to the balance. Where reducing every
 // element once and sending it on costs fewer bytes than collectives that reduce whole blocks,
 // this is the plan: (P(sum), S(0)) -> (S(0), S(1)) on 2x2 receives 3/8 of the tensor per rank,
 // where an all-to-all and a reduce-scatter receive half.
@@ -83,10 +83,36 @@ constexpr int group_index(const DeviceMesh& mesh, const MeshCoord& coord, unsign
 // the last, one after another in that order, each itself one run of the block.
 using RunBoxes = static_vector<Box, std::size_t{2} * max_tensor_dims - 1>;
 
+// `box` with tensor dim `outer` moved in front of the others, which keep their order: the order
+// of a block's elements with that dim outermost is the moved block's row-major order.
+constexpr Box outer_first(Box box, int outer) {
+  for (auto d = static_cast<std::size_t>(outer); d > 0; --d) {
+    const std::int64_t offset = box.offset[d], extent = box.shape[d];
+    box.offset[d] = box.offset[d - 1];
+    box.shape[d] = box.shape[d - 1];
+    box.offset[d - 1] = offset;
+    box.shape[d - 1] = extent;
+  }
+  return box;
+}
+
+// The inverse of outer_first: dim 0 of `box` back to tensor dim `outer`.
+constexpr Box outer_back(Box box, int outer) {
+  for (std::size_t d = 0; d < static_cast<std::size_t>(outer); ++d) {
+    const std::int64_t offset = box.offset[d], extent = box.shape[d];
+    box.offset[d] = box.offset[d + 1];
+    box.shape[d] = box.shape[d + 1];
+    box.offset[d + 1] = offset;
+    box.shape[d + 1] = extent;
+  }
+  return box;
+}
+
 // Appends to `out` the boxes of elements [a, b) of `block` in row-major order: whole indices of
 // ever coarser dims up to the first boundary of a coarser one past which the run does not reach,
 // then of ever finer dims up to b.
-constexpr void run_boxes(const Box& block, std::int64_t a, std::int64_t b, RunBoxes& out) {
+constexpr void row_major_run_boxes(const Box& block, std::int64_t a, std::int64_t b,
+                                   RunBoxes& out) {
   if (a >= b) return;
   const int n = static_cast<int>(block.shape.size());
   std::int64_t stride[max_tensor_dims] = {};  // elements per index of each dim
@@ -129,6 +155,19 @@ constexpr void run_boxes(const Box& block, std::int64_t a, std::int64_t b, RunBo
   }
 }
 
+// The boxes of elements [a, b) of `block` in the order with tensor dim `outer` outermost (0:
+// row-major), as row_major_run_boxes: each box is one run of the block in that order.
+constexpr void run_boxes(const Box& block, std::int64_t a, std::int64_t b, RunBoxes& out,
+                         int outer = 0) {
+  if (outer == 0) {
+    row_major_run_boxes(block, a, b, out);
+    return;
+  }
+  RunBoxes moved;
+  row_major_run_boxes(outer_first(block, outer), a, b, moved);
+  for (const Box& box : moved) out.push_back(outer_back(box, outer));
+}
+
 // Whether `piece`, a box inside the row-major block `block`, is one contiguous run of it: every
 // dim after its first of extent above 1 is whole.
 constexpr bool contiguous_in(const Box& piece, const Box& block) {
@@ -139,14 +178,16 @@ constexpr bool contiguous_in(const Box& piece, const Box& block) {
   return true;
 }
 
-// Where `in`, a box inside `block`, lies in the block's row-major order when it is one run of it
-// (contiguous_in): [first, last) of its elements; {0, -1} otherwise, {0, 0} when empty.
+// Where `piece`, a box inside `whole`, lies in the order of the block's elements with tensor dim
+// `outer` outermost (0: row-major) when it is one run of it there (contiguous_in of the boxes
+// moved by outer_first): [first, last) of its elements; {0, -1} otherwise, {0, 0} when empty.
 struct ElementRun {
   std::int64_t first = 0;
   std::int64_t last = 0;
 };
-constexpr ElementRun element_run(const Box& in, const Box& block) {
-  if (in.empty()) return {};
+constexpr ElementRun element_run(const Box& piece, const Box& whole, int outer = 0) {
+  if (piece.empty()) return {};
+  const Box in = outer_first(piece, outer), block = outer_first(whole, outer);
   if (!contiguous_in(in, block)) return {0, -1};
   std::int64_t at = 0;
   for (std::size_t e = 0; e < block.shape.size(); ++e)
@@ -156,13 +197,15 @@ constexpr ElementRun element_run(const Box& in, const Box& block) {
 
 // How one group cuts its block: along tensor dim `dim`, the i-th range [cut[i], cut[i+1]) to
 // member i (member g-1-i when `reversed`); or, `by_elements`, the i-th run [cut[i], cut[i+1]) of
-// the block's elements in row-major order (from 0; a few boxes each, run_boxes).
+// the block's elements in the order with tensor dim `outer` outermost (from 0; a few boxes each,
+// run_boxes): row-major where `outer` is 0.
 struct GroupParts {
   Box block;
   int members = 0;
   int dim = 0;
   bool reversed = false;
   bool by_elements = false;
+  int outer = 0;
   std::int64_t cut[max_reducing_group + 1] = {};
 
   // Member j's part of the block, cut along `dim` (not by_elements).
@@ -191,11 +234,11 @@ struct GroupParts {
       return out;
     }
     const int i = reversed ? members - 1 - j : j;
-    run_boxes(block, cut[i], cut[i + 1], out);
+    run_boxes(block, cut[i], cut[i + 1], out, outer);
     return out;
   }
 
-  // Where member j's part starts in the block's row-major order (by_elements).
+  // Where member j's part starts in the block's elements in that order (by_elements).
   [[nodiscard]] constexpr std::int64_t part_first(int j) const {
     return cut[reversed ? members - 1 - j : j];
   }
@@ -250,9 +293,10 @@ constexpr std::int64_t rows_saved(const static_vector<std::int64_t, max_reducing
 // count; each member's count grows with its range, so the members take, in order, the longest
 // ranges within it), and at that count the smallest largest part (binary search on its extent:
 // the first round's slowest member). Ties keep the first dim, forward order. With `by_elements`,
-// also the cut of the block's elements in row-major order, where every member's target meets the
-// block in one run of it (element_run), when its busiest member receives fewer elements than
-// any cut along a dim: a part of an uneven block ends between rows there.
+// also the cuts of the block's elements in row-major order, then in the order with each later
+// tensor dim outermost, where every member's target meets the block in one run of it
+// (element_run), when its busiest member receives fewer elements than any cut before: a part of
+// an uneven block ends between rows (or columns) there.
 constexpr GroupParts group_parts(const Layout& base, const Placements& before,
                                  const Placements& after, unsigned dims, const MeshCoord& coord,
                                  bool by_elements = false) {
@@ -285,7 +329,8 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
   bool alike = true;
   for (int j = 1; j < g && alike; ++j) alike = target[j] == target[0] && inside[j] == inside[0];
   std::int64_t best = -1, best_largest = 0;
-  // The best cut of [lo, hi) (indices of dim d, or elements where d is -1), whose every index
+  // The best cut of [lo, hi) (indices of dim d, or where d is negative elements in the order with
+  // tensor dim -1-d outermost), whose every index
   // costs its owner `per_row` elements in the first round, less cross[j] in the second where
   // member j's target holds it ([t_lo[j], t_hi[j])), and holds `row` elements. `strict`: only a
   // count below the best so far replaces it.
@@ -370,6 +415,7 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       best_largest = largest;
       out.dim = d < 0 ? 0 : d;
       out.by_elements = d < 0;
+      out.outer = d < 0 ? -1 - d : 0;
       out.reversed = reversed;
       out.cut[0] = lo;
       fits(count, rows, out.cut);
@@ -388,35 +434,40 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
     search(d, block.offset[d], block.offset[d] + block.shape[d], bytes_mul(g - 1, row), row, cross,
            t_lo, t_hi, false);
   }
-  if (by_elements && g > 1) {
+  for (int outer = 0; by_elements && g > 1 && outer < nd; ++outer) {
     PerMember cross, t_lo, t_hi;
     bool runs = true;
     for (int j = 0; j < g && runs; ++j) {
-      const ElementRun r = element_run(inside[j], block);
+      const ElementRun r = element_run(inside[j], block, outer);
       runs = r.last >= r.first;
       cross.push_back(r.last > r.first ? 1 : 0);
       t_lo.push_back(r.first);
       t_hi.push_back(r.last);
     }
-    if (runs) search(-1, 0, block.numel(), g - 1, 1, cross, t_lo, t_hi, true);
+    if (runs) search(-1 - outer, 0, block.numel(), g - 1, 1, cross, t_lo, t_hi, true);
   }
   return out;
 }
 
-// Whether every member of the group of `coord` (on the mesh dims `dims`) has a target block that
-// meets the group's block in one run of it, or not at all: where group_parts may cut by elements.
+// Whether, in the order of the block's elements with some tensor dim outermost, every member of
+// the group of `coord` (on the mesh dims `dims`) has a target block that meets the group's block
+// in one run of it, or not at all: where group_parts may cut by elements.
 constexpr bool targets_meet_in_runs(const Layout& base, const Placements& before,
                                     const Placements& after, unsigned dims,
                                     const MeshCoord& coord) {
   const DeviceMesh& mesh = base.mesh();
   const Box block = base.local_box(before, coord);
   if (base.tensor_ndim() == 0 || block.empty()) return false;
-  for (int j = 0; j < group_size(mesh, dims); ++j) {
-    const Box in = intersect(base.local_box(after, group_member(mesh, coord, dims, j)), block);
-    const ElementRun r = element_run(in, block);
-    if (r.last < r.first) return false;
+  for (int outer = 0; outer < base.tensor_ndim(); ++outer) {
+    bool runs = true;
+    for (int j = 0; j < group_size(mesh, dims) && runs; ++j) {
+      const Box in = intersect(base.local_box(after, group_member(mesh, coord, dims, j)), block);
+      const ElementRun r = element_run(in, block, outer);
+      runs = r.last >= r.first;
+    }
+    if (runs) return true;
   }
-  return true;
+  return false;
 }
 
 // Whether some group of an exchange from `before` to `after` (reducing the mesh dims `dims`)

@@ -714,10 +714,10 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   const unsigned dims = reduced_partials(before, after).dims;
   const int g = group_size(mesh, dims);
   if (ranks > max_partial_exchange_ranks || g > max_reducing_group) return false;
-  // Each rank's part: a range of one tensor dim of its group's block, or (dim -1) of its
-  // elements in row-major order. Written for every rank below (each is a member of one group)
-  // before it is read: not cleared, since clearing the whole table costs more than the rest of a
-  // small mesh's costing.
+  // Each rank's part: a range of one tensor dim of its group's block, or (dim -1-k) of its
+  // elements in the order with tensor dim k outermost (GroupParts::outer). Written for every rank
+  // below (each is a member of one group) before it is read: not cleared, since clearing the whole
+  // table costs more than the rest of a small mesh's costing.
   struct Part {
     std::int64_t lo, hi;
     int dim;
@@ -733,7 +733,8 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
       const MeshCoord member = group_member(mesh, c, dims, j);
       const int at = mesh.index(member);
       if (parts.by_elements) {
-        part[at] = Part{parts.part_first(j), parts.part_first(j) + parts.part_numel(j), -1};
+        part[at] =
+            Part{parts.part_first(j), parts.part_first(j) + parts.part_numel(j), -1 - parts.outer};
       } else {
         const Box mine = parts.part(j);
         part[at] = mine.shape.empty()
@@ -767,7 +768,7 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
                            if (p.dim < 0) {  // a run of the block's elements: its boxes
                              if (block.shape.empty()) block = base.local_box(before, group);
                              RunBoxes boxes;
-                             run_boxes(block, p.lo, p.hi, boxes);
+                             run_boxes(block, p.lo, p.hi, boxes, -1 - p.dim);
                              for (const Box& box : boxes) {
                                const std::int64_t n = overlap_numel(piece, box);
                                if (n == 0) continue;

@@ -1013,40 +1013,63 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // staging, in group order. This member's own partial is read where it lies likewise, else
 // copied to its slot. The reduction lands in the first slot. Second round (`deliver`, staged
 // after the slots): as an exchange, from the reduced part to the target block. A group that cuts
-// its block by elements (GroupParts::by_elements) sends each part from where it lies, one run
-// of the block; the first slot then spans `reduced_box`, the box of whole rows around this
-// member's run (one run of the block too), with the run `lead` bytes into it, so that the
-// second round finds every piece of the part where it lies in that box.
+// its block by elements in row-major order (GroupParts::by_elements) sends each part from where
+// it lies, one run of the block; the first slot then spans `reduced_box`, the box of whole rows
+// around this member's run (one run of the block too), with the run `lead` bytes into it, so
+// that the second round finds every piece of the part where it lies in that box. A group that
+// cuts by elements with another tensor dim outermost (GroupParts::outer) packs each part's boxes
+// (`boxes`) one after another, every member alike; the reduced part, packed so in the first slot,
+// is then laid out in `reduced_box` (the whole columns around it) after the slots.
 struct ReducingExchangeWay : Staging {
   int me = 0;
   ReduceOp op = ReduceOp::sum;
   std::vector<int> peers;        // the group's members, as global ranks
   std::vector<Box> parts;        // their parts (by elements: the box around each run)
+  std::vector<RunBoxes> boxes;   // packed runs only: each part's boxes, in the run's order
   std::vector<PieceRuns> where;  // where each part lies in the block, or is packed
   std::vector<bool> in_place;    // whether it lies in the block (`where` there)
   std::size_t part_bytes = 0;    // this member's part
   std::size_t slots = 0;         // partials staged
-  Box reduced_box;               // how the reduced part lies in the first slot
-  std::size_t lead = 0;          // where the part starts there
+  std::size_t first_slot = 0;    // the first slot's bytes (the reduced part's)
+  Box reduced_box;               // how the reduced part lies in the receive staging
+  std::size_t box_at = 0;        // where that box starts there (packed runs: after the slots)
+  std::size_t lead = 0;          // where the part starts in the first slot
   ExchangeWay deliver;
   std::size_t deliver_send_at = 0, deliver_recv_at = 0;
 };
 
-// The smallest box that is one run of `block` and holds its elements [a, b) (b > a): the indices
-// of the first dim where a's and b-1's differ, whole dims after it, one index of those before.
-inline Box run_bounds(const Box& block, std::int64_t a, std::int64_t b) {
-  Box out = block;
-  std::int64_t inner = block.numel();
-  for (std::size_t d = 0; d < block.shape.size(); ++d) {
-    inner /= block.shape[d];
+// The smallest box that is one run of `block` in the order of its elements with tensor dim
+// `outer` outermost and holds its elements [a, b) there (b > a): the indices of the first dim in
+// that order where a's and b-1's differ, whole dims after it, one index of those before.
+inline Box run_bounds(const Box& block, std::int64_t a, std::int64_t b, int outer = 0) {
+  const Box moved = outer_first(block, outer);
+  Box out = moved;
+  std::int64_t inner = moved.numel();
+  for (std::size_t d = 0; d < moved.shape.size(); ++d) {
+    inner /= moved.shape[d];
     const std::int64_t first = a / inner, last = (b - 1) / inner;
-    out.offset[d] = block.offset[d] + first;
+    out.offset[d] = moved.offset[d] + first;
     out.shape[d] = last - first + 1;
-    if (first != last) return out;
+    if (first != last) break;
     a -= first * inner;
     b -= first * inner;
   }
-  return out;
+  return outer_back(out, outer);
+}
+
+// Copies part j of an exchange from a Partial from `from` (this rank's block, `from_box`) to
+// `to`: packed, its boxes one after another where the way packs runs, else as its box.
+template <class Ops>
+void pack_part(const Ops& ops, const ReducingExchangeWay& w, std::size_t j, const std::byte* from,
+               const Box& from_box, std::byte* to, std::size_t elem) {
+  if (w.boxes.empty()) {
+    copy_piece(ops, from, from_box, to, w.parts[j], w.parts[j], elem);
+    return;
+  }
+  for (const Box& piece : w.boxes[j]) {
+    copy_piece(ops, from, from_box, to, piece, piece, elem);
+    to += bytes_of(piece, elem);
+  }
 }
 
 inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbilities a) {
@@ -1060,8 +1083,24 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   w.op = reduced.op;
   w.me = group_index(mesh, c.me, reduced.dims);
   std::size_t packed = 0;
+  const bool packed_runs = gp.by_elements && gp.outer != 0;
   for (int j = 0; j < gp.members; ++j) {
     w.peers.push_back(mesh.rank(group_member(mesh, c.me, reduced.dims, j)));
+    if (packed_runs) {  // a run in another order: its boxes, packed
+      const std::int64_t first = gp.part_first(j), n = gp.part_numel(j);
+      const std::size_t bytes = static_cast<std::size_t>(n) * c.elem;
+      Box none = gp.block;
+      none.shape[0] = 0;
+      w.parts.push_back(n == 0 ? none : run_bounds(gp.block, first, first + n, gp.outer));
+      w.boxes.push_back(gp.part_boxes(j));
+      w.in_place.push_back(false);
+      w.where.push_back(PieceRuns{packed, {1, bytes, bytes}});
+      if (j == w.me)
+        w.part_bytes = bytes;
+      else
+        packed += bytes;
+      continue;
+    }
     if (gp.by_elements) {  // one run of the block (gp.block, this rank's block before)
       const std::int64_t first = gp.part_first(j), n = gp.part_numel(j);
       const std::size_t bytes = static_cast<std::size_t>(n) * c.elem;
@@ -1113,8 +1152,13 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
                                                     a.strided_exchange, w.deliver.recv));
       });
   w.deliver_send_at = packed;
-  // The first slot spans the reduced box (by elements, up to a row more than the part).
-  w.deliver_recv_at = w.slots == 0 ? 0 : bytes_of(own, c.elem) + w.part_bytes * (w.slots - 1);
+  // The first slot spans the reduced box (by elements, up to a row more than the part), else
+  // (packed runs) holds the packed part, the box after the slots.
+  w.first_slot = packed_runs ? w.part_bytes : bytes_of(own, c.elem);
+  w.box_at = packed_runs ? w.part_bytes * w.slots : 0;
+  w.deliver_recv_at = w.slots == 0  ? 0
+                      : packed_runs ? w.box_at + bytes_of(own, c.elem)
+                                    : w.first_slot + w.part_bytes * (w.slots - 1);
   w.send = packed + w.deliver.send;
   w.recv = w.deliver_recv_at + w.deliver.recv;
   w.use_spare(c.spare_bytes);
@@ -1130,11 +1174,10 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   const ReducingExchangeWay w = reducing_exchange_way(c, link_abilities(link));
   const StagingBuffers b(ops, w, c.spare);
   const auto me = static_cast<std::size_t>(w.me);
-  const Box& own = w.parts[me];
   const bool own_in_place = w.slots < w.parts.size();
-  // The first slot spans the reduced box, the part `lead` bytes into it; the others follow.
+  // The first slot holds the reduced part, `lead` bytes into it; the others follow.
   std::byte* reduced = b.recv + w.lead;
-  std::byte* const later_slots = b.recv + bytes_of(w.reduced_box, c.elem);
+  std::byte* const later_slots = b.recv + w.first_slot;
   Messages m;
   std::vector<const void*> partials(w.parts.size());
   std::size_t slots = 0;
@@ -1147,13 +1190,13 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
     ++slots;
     partials[j] = slot;
     if (j == me) {
-      if (w.part_bytes != 0) copy_piece(ops, cur, c.have, slot, own, own, c.elem);
+      if (w.part_bytes != 0) pack_part(ops, w, j, cur, c.have, slot, c.elem);
       continue;
     }
     const Box& part = w.parts[j];
     if (!part.empty()) {
       const PieceRuns& at = w.where[j];
-      if (!w.in_place[j]) copy_piece(ops, cur, c.have, b.send + at.offset, part, part, c.elem);
+      if (!w.in_place[j]) pack_part(ops, w, j, cur, c.have, b.send + at.offset, c.elem);
       m.send(w.peers[j], (w.in_place[j] ? cur : b.send) + at.offset, at.runs);
     }
     if (w.part_bytes != 0) m.recv(w.peers[j], slot, w.part_bytes);
@@ -1167,7 +1210,15 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   } else {
     ops.reduce(dtype, reduced, partials, w.part_bytes / c.elem, w.op);
   }
-  co_await move_pieces(link, ops, w.deliver, b.recv, w.reduced_box, out, c.want,
+  std::byte* const box = b.recv + w.box_at;
+  if (!w.boxes.empty()) {  // packed runs: the reduced part laid out in its box
+    const std::byte* from = reduced;
+    for (const Box& piece : w.boxes[me]) {
+      copy_piece(ops, from, piece, box, w.reduced_box, piece, c.elem);
+      from += bytes_of(piece, c.elem);
+    }
+  }
+  co_await move_pieces(link, ops, w.deliver, box, w.reduced_box, out, c.want,
                        b.send + w.deliver_send_at, b.recv + w.deliver_recv_at, c.elem);
   co_return b.allocated();
 }
