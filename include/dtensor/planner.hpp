@@ -1573,17 +1573,27 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // cut to what its members keep, then every rank takes its target block from the owners; as it
   // is, and after chunking the source's Replicate dims to the target's shards there (each group
   // then reduces a smaller block). Under the time objective one rank's time must first pass.
+  // Where the target is Partial on a dim where the source is not, the exchange keeps the
+  // source's placement there and the Partial is made locally after it (S or R to P), innermost
+  // first.
+  Placements to = b;
+  Transitions make;
+  for (int k = static_cast<int>(b.size()); k-- > 0;)
+    if (b[k].is_partial() && !a[k].is_partial()) {
+      to[k] = a[k];
+      make.push_back({k, a[k], b[k]});
+    }
   if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
-      exchange_reduces(a, b) &&
-      group_size(src.mesh(), reduced_partials(a, b).dims) <= max_reducing_group) {
+      exchange_reduces(a, to) && transitions_valid(to, make) &&
+      group_size(src.mesh(), reduced_partials(a, to).dims) <= max_reducing_group) {
     Transitions chunks;
     Placements chunked = a;
     for (int k = 0; k < static_cast<int>(a.size()); ++k)
-      if (a[k].is_replicate() && b[k].is_shard() && src.mesh().size(k) > 1) {
-        chunks.push_back({k, a[k], b[k]});
-        chunked[k] = b[k];
+      if (a[k].is_replicate() && to[k].is_shard() && src.mesh().size(k) > 1) {
+        chunks.push_back({k, a[k], to[k]});
+        chunked[k] = to[k];
       }
-    const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
+    const Placements& end = to;
     // Under the time objective, the floors that do not cut a block must pass, the probe's then
     // every rank's (their slowest rounds; the second at least what the probe's group's targets
     // share, shared_targets_floor); then, on the rank that lacks the most outside its
@@ -1591,7 +1601,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // its group's rounds, then its own second round exactly.
     const bool timed =
         options.objective == Objective::time && plan_builder::incumbent(best) != nullptr;
-    const unsigned dims = reduced_partials(a, b).dims;
+    const unsigned dims = reduced_partials(a, to).dims;
     for (const bool chunk : {false, true}) {
       if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
       const Placements& from = chunk ? chunked : a;
@@ -1601,11 +1611,11 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
       MeshCoord at = probe;
       if (timed) {
-        const RoundFloors quick = reducing_exchange_floors(src, from, b, probe, model, false);
+        const RoundFloors quick = reducing_exchange_floors(src, from, to, probe, model, false);
         if (quick.first + quick.second > beat) continue;
-        shared = shared_targets_floor(src, from, b, probe, model);
+        shared = shared_targets_floor(src, from, to, probe, model);
         if (quick.first + at_least_shared(quick.second) > beat) continue;
-        const SlowestFloors slowest = slowest_quick_floors(src, from, b, model);
+        const SlowestFloors slowest = slowest_quick_floors(src, from, to, model);
         if (slowest.floors.first + at_least_shared(slowest.floors.second) > beat) continue;
         if (slowest.floors.second > quick.second) at = slowest.at;
       }
@@ -1613,22 +1623,22 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       // member receives fewer so (GroupParts::by_elements), looked for over every group once
       // the floors at `at` pass.
       for (const bool by_elements : {false, true}) {
-        if (by_elements && is_even(src, from) && is_even(src, b)) break;
+        if (by_elements && is_even(src, from) && is_even(src, to)) break;
         if (timed) {
-          const GroupParts parts = group_parts(src, from, b, dims, at, by_elements);
+          const GroupParts parts = group_parts(src, from, to, dims, at, by_elements);
           const RoundFloors floors =
-              reducing_exchange_floors(src, from, b, at, model, true, &parts);
+              reducing_exchange_floors(src, from, to, at, model, true, &parts);
           if (floors.first + at_least_shared(floors.second) > beat) continue;
           const ExchangeCost e =
-              reducing_exchange_cost(src, from, b, at, model, false, &parts, by_elements);
+              reducing_exchange_cost(src, from, to, at, model, false, &parts, by_elements);
           const double second = e.us - e.first_round_us;
           if (floors.first + at_least_shared(second > floors.second ? second : floors.second) >
               beat)
             continue;
         }
-        if (by_elements && !cuts_by_elements(src, from, b, dims)) break;
+        if (by_elements && !cuts_by_elements(src, from, to, dims)) break;
         const Plan p =
-            plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, {}, options,
+            plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, make, options,
                                 plan_builder::incumbent(best), &probe, by_elements);
         if (better(p, best, options.objective)) best = p;
       }
