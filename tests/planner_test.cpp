@@ -1566,6 +1566,15 @@ TEST_CASE("a reduction before an exchange may all-reduce where the target shards
   INFO(explain(p8));
   CHECK(p8.bytes_recv_max() == 28 * 1024);
   CHECK(kinds(p8) == std::vector{K::exchange, K::scale});
+  // Without exchanges from a Partial (a batch's plans), the natural reduction first.
+  const Plan reduced_first = detail::plan_redistribute(
+      layout(m8, "S(0),S(1),P,R,S(0),S(1),P,R", {256, 256}),
+      layout(m8, "R,S(0),S(1),S(0),R,R,S(1),P", {256, 256}), bytes, false);
+  INFO(explain(reduced_first));
+  const std::vector<K> ks = kinds(reduced_first);
+  CHECK(reduced_first.bytes_recv_max() == 32 * 1024);
+  CHECK(ks[0] == K::all_reduce);
+  CHECK(std::count(ks.begin(), ks.end(), K::exchange) == 1);
 }
 
 TEST_CASE("under the time objective, a plan at the bound does not end the search", "[planner]") {

@@ -329,11 +329,10 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
   bool alike = true;
   for (int j = 1; j < g && alike; ++j) alike = target[j] == target[0] && inside[j] == inside[0];
   std::int64_t best = -1, best_largest = 0;
-  // The best cut of [lo, hi) (indices of dim d, or where d is negative elements in the order with
-  // tensor dim -1-d outermost), whose every index
-  // costs its owner `per_row` elements in the first round, less cross[j] in the second where
-  // member j's target holds it ([t_lo[j], t_hi[j])), and holds `row` elements. `strict`: only a
-  // count below the best so far replaces it.
+  // The best cut of [lo, hi) (indices of dim d; where d is negative, elements in the order with
+  // tensor dim -1-d outermost), whose every index costs its owner `per_row` elements in the first
+  // round, less cross[j] in the second where member j's target holds it ([t_lo[j], t_hi[j])), and
+  // holds `row` elements. `strict`: only a count below the best so far replaces it.
   auto search = [&](int d, std::int64_t lo, std::int64_t hi, std::int64_t per_row, std::int64_t row,
                     const PerMember& cross, const PerMember& t_lo, const PerMember& t_hi,
                     bool strict) {
