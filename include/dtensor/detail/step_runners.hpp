@@ -1086,35 +1086,26 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   const bool packed_runs = gp.by_elements && gp.outer != 0;
   for (int j = 0; j < gp.members; ++j) {
     w.peers.push_back(mesh.rank(group_member(mesh, c.me, reduced.dims, j)));
-    if (packed_runs) {  // a run in another order: its boxes, packed
+    if (gp.by_elements) {  // a run of the block's elements (gp.block, this rank's block before)
       const std::int64_t first = gp.part_first(j), n = gp.part_numel(j);
       const std::size_t bytes = static_cast<std::size_t>(n) * c.elem;
       Box none = gp.block;
       none.shape[0] = 0;
       w.parts.push_back(n == 0 ? none : run_bounds(gp.block, first, first + n, gp.outer));
-      w.boxes.push_back(gp.part_boxes(j));
-      w.in_place.push_back(false);
-      w.where.push_back(PieceRuns{packed, {1, bytes, bytes}});
-      if (j == w.me)
-        w.part_bytes = bytes;
-      else
-        packed += bytes;
-      continue;
-    }
-    if (gp.by_elements) {  // one run of the block (gp.block, this rank's block before)
-      const std::int64_t first = gp.part_first(j), n = gp.part_numel(j);
-      const std::size_t bytes = static_cast<std::size_t>(n) * c.elem;
-      Box none = gp.block;
-      none.shape[0] = 0;
-      w.parts.push_back(n == 0 ? none : run_bounds(gp.block, first, first + n));
+      if (j == w.me) w.part_bytes = bytes;
+      if (packed_runs) {  // in another order: its boxes, packed
+        w.boxes.push_back(gp.part_boxes(j));
+        w.in_place.push_back(false);
+        w.where.push_back(PieceRuns{packed, {1, bytes, bytes}});
+        if (j != w.me) packed += bytes;
+        continue;
+      }
+      // In row-major order: one run of the block, where it lies.
       w.in_place.push_back(n != 0);
       w.where.push_back(PieceRuns{static_cast<std::size_t>(first) * c.elem, {1, bytes, bytes}});
-      if (j == w.me) {
-        w.part_bytes = bytes;
-        if (n != 0)
-          w.lead = static_cast<std::size_t>(first) * c.elem -
-                   slab_offset(w.parts.back(), gp.block, c.elem);
-      }
+      if (j == w.me && n != 0)
+        w.lead = static_cast<std::size_t>(first) * c.elem -
+                 slab_offset(w.parts.back(), gp.block, c.elem);
       continue;
     }
     const Box part = gp.part(j);
