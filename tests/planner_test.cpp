@@ -602,13 +602,17 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
           "[planner][bound]") {
   // try_exchanges skips the exchange from a Partial when its first round's floor plus the larger
   // of a rank's second-round floor and what its group's targets share (shared_targets_floor)
-  // exceeds the best plan's time: checked against the one-step plan's time from every rank.
+  // exceeds the best plan's time: checked against the one-step plan's time from every rank, for
+  // the floors without a cut (one message from the other groups, or one from each that holds
+  // some of the target block) and with the group's cut (one message from each member and each
+  // other group that holds some of it), the block cut along a dim and by elements.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
-  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4})};
-  int checked = 0, shared_positive = 0;
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  int checked = 0, shared_positive = 0, counted_higher = 0, cut_checked = 0;
   for (const DeviceMesh& m : meshes)
-    for (const Shape& shape : {Shape{16, 8}, Shape{5, 7}, Shape{1, 3}})
+    for (const Shape& shape : {Shape{16, 8}, Shape{5, 7}, Shape{1, 3}, Shape{7, 10}})
       for (double p2p : {2.0, 0.5})
         testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
           if (!detail::exchange_reduces(a, b)) return;
@@ -616,25 +620,46 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
           CostModel model = CostModel::defaults(m);
           model.p2p_latency_factor = p2p;
           const Placements end = b;
-          const Plan plan = detail::plan_builder::build(src, dst, {}, &end, {},
-                                                        PlanOptions{}.with_cost_model(model));
-          if (detail::plan_builder::pruned(plan)) return;
-          for (int r = 0; r < m.size(); ++r) {
-            const MeshCoord c = m.coordinate(r);
-            const double shared = detail::shared_targets_floor(src, a, b, c, model);
-            const detail::RoundFloors quick =
-                detail::reducing_exchange_floors(src, a, b, c, model, false);
-            shared_positive += shared > 0 ? 1 : 0;
-            if (quick.first + std::max(quick.second, shared) > plan.est_us() + 1e-9)
-              FAIL_CHECK(fmt::format(
-                  "{} {} -> {} on {}, rank {}: floors {} + max({}, {}) us, "
-                  "plan {} us",
-                  shape, a, b, m.shape(), r, quick.first, quick.second, shared, plan.est_us()));
-            ++checked;
+          const unsigned dims = detail::reduced_partials(a, b).dims;
+          for (const bool by_elements : {false, true}) {
+            const Plan plan = detail::plan_builder::build(src, dst, {}, &end, {},
+                                                          PlanOptions{}.with_cost_model(model),
+                                                          nullptr, nullptr, by_elements);
+            if (detail::plan_builder::pruned(plan)) continue;
+            const double us = plan.est_us() + 1e-9;
+            for (int r = 0; r < m.size(); ++r) {
+              const MeshCoord c = m.coordinate(r);
+              const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c, by_elements);
+              const detail::RoundFloors cut =
+                  detail::reducing_exchange_floors(src, a, b, c, model, true, &parts);
+              if (cut.first + cut.second > us)
+                FAIL_CHECK(fmt::format(
+                    "{} {} -> {} on {}, rank {}, by elements {}: cut floors "
+                    "{} + {} us, plan {} us",
+                    shape, a, b, m.shape(), r, by_elements, cut.first, cut.second, plan.est_us()));
+              ++cut_checked;
+              if (by_elements) continue;
+              const double shared = detail::shared_targets_floor(src, a, b, c, model);
+              const detail::RoundFloors quick =
+                  detail::reducing_exchange_floors(src, a, b, c, model, false);
+              const detail::RoundFloors counted =
+                  detail::reducing_exchange_floors(src, a, b, c, model, false, nullptr, true);
+              shared_positive += shared > 0 ? 1 : 0;
+              counted_higher += counted.second > quick.second ? 1 : 0;
+              for (const detail::RoundFloors& f : {quick, counted})
+                if (f.first + std::max(f.second, shared) > us)
+                  FAIL_CHECK(fmt::format(
+                      "{} {} -> {} on {}, rank {}: floors {} + max({}, {}) "
+                      "us, plan {} us",
+                      shape, a, b, m.shape(), r, f.first, f.second, shared, plan.est_us()));
+              ++checked;
+            }
           }
         });
   CHECK(checked > 1000);
+  CHECK(cut_checked > 2000);
   CHECK(shared_positive > 100);
+  CHECK(counted_higher > 100);
 }
 
 TEST_CASE("the latency floor that skips candidates is below the time of each of their plans",

@@ -1611,7 +1611,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
       MeshCoord at = probe;
       if (timed) {
-        const RoundFloors quick = reducing_exchange_floors(src, from, to, probe, model, false);
+        const RoundFloors quick =
+            reducing_exchange_floors(src, from, to, probe, model, false, nullptr, true);
         if (quick.first + quick.second > beat) continue;
         shared = shared_targets_floor(src, from, to, probe, model);
         if (quick.first + at_least_shared(quick.second) > beat) continue;

@@ -597,20 +597,37 @@ constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placemen
 // its slowest first round exactly (each member receives every other member's partial of its
 // part), and under its slowest second round, what each member lacks of its target block in at
 // least one message from its group (its block's elements the member does not own) and one from
-// others (the rest), at best over the fastest of the links between members, and of all. Without
-// `cut`, lower ones that do not cut the group's block: the member with the largest part (at
-// least 1/g of the block) receives g-1 messages of it, and `coord` what of its target block its
-// group's block lacks. `own`, when given with `cut`, is the parts of the group of `coord` (a
-// cut by elements is given so; without it, the cut along a dim is found).
+// each other group whose block meets the target block (the rest), at best over the fastest of
+// the links between members, and of all (a round's time is a sum over link classes of latency
+// per message plus bytes over bandwidth, so no split of the messages and bytes among the links
+// costs less). Without `cut`, lower ones that do not cut the group's block: the member with
+// the largest part (at least 1/g of the block) receives g-1 messages of it, and `coord` what of
+// its target block its group's block lacks, in one message from each other group only where
+// `count_groups` (finding them visits the source blocks; else one message in all). `own`, when
+// given with `cut`, is the parts of the group of `coord` (a cut by elements is given so;
+// without it, the cut along a dim is found).
 struct RoundFloors {
   double first = 0;
   double second = 0;
 };
 
+// How many groups other than the one of `member` (placements `before`, reduced mesh dims as
+// Partials there) hold elements of `want`: the other groups' sources an exchange from a
+// Partial takes `want` from (for_each_owner), at least one message each.
+constexpr int other_groups_meeting(const Layout& base, const Placements& before, const Box& want,
+                                   const MeshCoord& member) {
+  int groups = 0;
+  for_each_source_of(base, before, want, member, [&](const MeshCoord& source, const Box&) {
+    groups += source == member ? 0 : 1;
+  });
+  return groups;
+}
+
 constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placements& before,
                                                const Placements& after, const MeshCoord& coord,
                                                const CostModel& cost, bool cut,
-                                               const GroupParts* own = nullptr) {
+                                               const GroupParts* own = nullptr,
+                                               bool count_groups = false) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
   const LinkCost inside = fastest_link(mesh, cost, dims), any = fastest_link(mesh, cost);
@@ -624,9 +641,11 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
       out.first = LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
           g - 1, double(part) * (g - 1) * elem);
     const std::int64_t from_others = want.numel() - overlap_numel(want, block);
-    if (from_others > 0)
-      out.second =
-          LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
+    if (from_others > 0) {
+      const int messages = count_groups ? other_groups_meeting(base, before, want, coord) : 1;
+      out.second = LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(
+          messages > 1 ? messages : 1, double(from_others) * elem);
+    }
     return out;
   }
   const GroupParts parts = own != nullptr ? *own : group_parts(base, before, after, dims, coord);
@@ -637,16 +656,26 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
     out.first = e.us > out.first ? e.us : out.first;
     const Box want = base.local_box(after, member);
     const std::int64_t in_block = overlap_numel(want, parts.block);
-    std::int64_t from_group = in_block;
-    for (const Box& box : parts.part_boxes(j)) from_group -= overlap_numel(want, box);
+    // From the group: one message at least from each other member whose part meets `want`.
+    std::int64_t from_group = 0;
+    int owners = 0;
+    for (int i = 0; i < parts.members; ++i) {
+      if (i == j) continue;
+      std::int64_t n = 0;
+      for (const Box& box : parts.part_boxes(i)) n += overlap_numel(want, box);
+      from_group += n;
+      owners += n > 0 ? 1 : 0;
+    }
     const std::int64_t from_others = want.numel() - in_block;
     double us = 0;
     if (from_group > 0)
       us += LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
-          1, double(from_group) * elem);
-    if (from_others > 0)
-      us +=
-          LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
+          owners, double(from_group) * elem);
+    if (from_others > 0) {
+      const int messages = other_groups_meeting(base, before, want, member);
+      us += LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(messages > 1 ? messages : 1,
+                                                                      double(from_others) * elem);
+    }
     out.second = us > out.second ? us : out.second;
   }
   return out;
