@@ -662,6 +662,44 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
   CHECK(counted_higher > 100);
 }
 
+TEST_CASE("one step between even layouts is built as the general builder builds it", "[planner]") {
+  // plan_redistribute builds the first plan of one transition between even layouts with
+  // build_even_step, which costs the origin alone: it must give the very plan build() gives
+  // (steps, figures, options), under both objectives, with and without Memory::bounded.
+  const Placement options[] = {
+      Replicate(),           Shard(0), Shard(1), Partial(ReduceOp::sum), Partial(ReduceOp::max),
+      Partial(ReduceOp::avg)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}),       DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2}), DeviceMesh({1, 4}), DeviceMesh({3, 2})};
+  int built = 0, refused = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}, Shape{24, 12}, Shape{0, 4}})
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        const Layout src(m, a, shape), dst(m, b, shape);
+        const detail::Transitions ts =
+            detail::reductions_first(a, detail::greedy_transitions(a, b));
+        if (!detail::plan_builder::even_step(src, dst, ts)) {
+          refused += ts.size() == 1 ? 1 : 0;
+          return;
+        }
+        for (const Objective objective : {Objective::time, Objective::bytes})
+          for (const Memory memory : {Memory::any, Memory::bounded}) {
+            PlanOptions o;
+            o.objective = objective;
+            o.memory = memory;
+            o = o.with_cost_model(CostModel::defaults(m));
+            const Plan fast = detail::plan_builder::build_even_step(src, dst, ts, o);
+            const Plan general = detail::plan_builder::build(src, dst, ts, o);
+            if (!(fast == general))
+              FAIL_CHECK(fmt::format("{} {} -> {} on {}: {} against {}", shape, a, b, m.shape(),
+                                     fast, general));
+            ++built;
+          }
+      });
+  CHECK(built > 1000);
+  CHECK(refused > 100);  // uneven layouts, mesh dims of one rank, changes of a Partial's op
+}
+
 TEST_CASE("the latency floor that skips candidates is below the time of each of their plans",
           "[planner][bound]") {
   // Under the time objective the planner neither orders nor builds transitions whose messages'

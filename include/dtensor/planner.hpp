@@ -879,6 +879,44 @@ struct plan_builder {
     return plan;
   }
 
+  // Whether the transitions `ts` are one that turns src's placements into dst's, both even, as
+  // one step on a mesh dim of more than one rank (a collective or a local step; a Partial's
+  // change of op is two): then build_even_step builds their plan.
+  static constexpr bool even_step(const Layout& src, const Layout& dst, const Transitions& ts) {
+    if (ts.size() != 1) return false;
+    const Transition& t = ts[0];
+    return src.mesh().size(t.mesh_dim) > 1 && !(t.from.is_partial() && t.to.is_partial()) &&
+           transition_valid(t.mesh_dim, src.placements(), dst.placements()) &&
+           is_even(src, src.placements()) && is_even(src, dst.placements());
+  }
+
+  // build(src, dst, ts, options) where even_step(src, dst, ts): every rank's figures are the
+  // origin's (as cost finds them: an even collective costs every rank the same, an all-reduce
+  // the origin the most), found without cost()'s general search.
+  static constexpr Plan build_even_step(const Layout& src, const Layout& dst, const Transitions& ts,
+                                        const PlanOptions& options) {
+    Plan out(src, dst);
+    out.options_ = options;
+    const Transition& t = ts[0];
+    Step s;
+    s.kind = step_kind(t.from, t.to);
+    s.mesh_dim = t.mesh_dim;
+    s.before = src.placements();
+    s.after = dst.placements();
+    if (moves_data(s.kind)) {
+      const MeshCoord origin(static_cast<std::size_t>(src.mesh().ndim()), 0);
+      const RankStepCost rc = rank_step_cost(src, s.before, s.after, s.kind, s.mesh_dim, false,
+                                             origin, src.local_box(s.before, origin),
+                                             src.local_box(s.after, origin), options.cost_model);
+      s.bytes_send_max = out.bytes_send_max_ = rc.bytes.send;
+      s.bytes_recv_max = out.bytes_recv_max_ = rc.bytes.recv;
+      s.est_us = out.est_us_ = rc.us;
+    }
+    out.steps_.push_back(s);
+    if (options.memory == Memory::bounded) out.fits_ = blocks_within_ends(out);
+    return out;
+  }
+
   // The plan chosen among candidates built without the sends of an exchange into a Partial
   // (which no choice reads, and which visit every piece the exchange moves), with them.
   static constexpr void finish(Plan& plan) {
@@ -1777,7 +1815,9 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const Placements& b = dst.placements();
   if (a == b) return detail::plan_builder::unchanged(src, dst, options);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
-  Plan best = detail::plan_builder::build(src, dst, greedy, options);
+  Plan best = detail::plan_builder::even_step(src, dst, greedy)
+                  ? detail::plan_builder::build_even_step(src, dst, greedy, options)
+                  : detail::plan_builder::build(src, dst, greedy, options);
   // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
   const bool meets = detail::plan_builder::meets_bound(best);
   const detail::LowerBound lb =
@@ -1840,7 +1880,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     if (split.size() != greedy.size()) consider_cheapest_order(split);
   }
   if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
-  consider_all_to_all(greedy);
+  if (greedy.size() > 1) consider_all_to_all(greedy);  // one transition merges with none
   // The target's Partials that the source has (of the same op or another) or makes from
   // Replicate, on mesh dims of more than one rank.
   int partial_dims[max_mesh_dims] = {};
