@@ -604,8 +604,8 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
   // of a rank's second-round floor and what its group's targets share (shared_targets_floor)
   // exceeds the best plan's time: checked against the one-step plan's time from every rank, for
   // the floors without a cut (one message from the other groups, or one from each that holds
-  // some of the target block) and with the group's cut (one message from each member and each
-  // other group that holds some of it), the block cut along a dim and by elements.
+  // some of the target block) and with the group's cut (one message from each other member
+  // whose part holds some of it), the block cut along a dim and by elements.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),

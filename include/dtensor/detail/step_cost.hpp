@@ -595,17 +595,17 @@ constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placemen
 
 // Floors under the two rounds of an exchange from a Partial, from the group of `coord` alone:
 // its slowest first round exactly (each member receives every other member's partial of its
-// part), and under its slowest second round, what each member lacks of its target block in at
-// least one message from its group (its block's elements the member does not own) and one from
-// each other group whose block meets the target block (the rest), at best over the fastest of
-// the links between members, and of all (a round's time is a sum over link classes of latency
-// per message plus bytes over bandwidth, so no split of the messages and bytes among the links
-// costs less). Without `cut`, lower ones that do not cut the group's block: the member with
-// the largest part (at least 1/g of the block) receives g-1 messages of it, and `coord` what of
-// its target block its group's block lacks, in one message from each other group only where
-// `count_groups` (finding them visits the source blocks; else one message in all). `own`, when
-// given with `cut`, is the parts of the group of `coord` (a cut by elements is given so;
-// without it, the cut along a dim is found).
+// part), and under its slowest second round, what each member lacks of its target block in one
+// message at least from each other member whose part holds some of it and one from the other
+// groups (the rest), at best over the fastest of the links between members, and of all (a
+// round's time is a sum over link classes of latency per message plus bytes over bandwidth, so
+// no split of the messages and bytes among the links costs less). Without `cut`, lower ones
+// that do not cut the group's block: the member with the largest part (at least 1/g of the
+// block) receives g-1 messages of it, and `coord` what of its target block its group's block
+// lacks, in one message from each other group that holds some of it where `count_groups`
+// (finding them visits the source blocks), else in one message. `own`, when given with `cut`,
+// is the parts of the group of `coord` (a cut by elements is given so; without it, the cut
+// along a dim is found).
 struct RoundFloors {
   double first = 0;
   double second = 0;
@@ -671,11 +671,9 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
     if (from_group > 0)
       us += LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
           owners, double(from_group) * elem);
-    if (from_others > 0) {
-      const int messages = other_groups_meeting(base, before, want, member);
-      us += LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(messages > 1 ? messages : 1,
-                                                                      double(from_others) * elem);
-    }
+    if (from_others > 0)
+      us +=
+          LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
     out.second = us > out.second ? us : out.second;
   }
   return out;
