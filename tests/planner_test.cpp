@@ -662,6 +662,63 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
   CHECK(counted_higher > 100);
 }
 
+TEST_CASE("the bytes floors that skip exchange candidates are below their plans' bytes",
+          "[planner][bound]") {
+  // Under the bytes objective try_exchanges skips a plan of transitions then one exchange where
+  // the probe's receives in the transitions (probe_bytes) plus what it lacks after the exchange
+  // (missing_elements; into a Partial, its even share, partial_share_floor, or its exact
+  // receives) exceed the best plan's: checked from every rank against the plan's largest
+  // receive, for each source Partial reduced first to R or a shard, on even and uneven shapes.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
+                               Partial(ReduceOp::max)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  int checked = 0, positive = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}, Shape{1, 3}})
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        const Layout src(m, a, shape), dst(m, b, shape);
+        PlanOptions o;
+        o.objective = Objective::bytes;
+        o = o.with_cost_model(CostModel::defaults(m));
+        for (const Placement reduce_to :
+             {Placement(Replicate()), Placement(Shard(0)), Placement(Shard(1))}) {
+          // Each source Partial the target does not keep reduced on its own dim first.
+          detail::Transitions prefix;
+          Placements mid = a;
+          for (int k = 0; k < m.ndim(); ++k)
+            if (a[k].is_partial() && !(b[k] == a[k])) {
+              prefix.push_back({k, a[k], reduce_to});
+              mid[k] = reduce_to;
+            }
+          if (!detail::transitions_valid(a, prefix) || mid == b) continue;
+          const Placements end = b;
+          const Plan plan = detail::plan_builder::build(src, dst, prefix, &end, {}, o);
+          if (detail::plan_builder::pruned(plan)) continue;
+          const bool into = detail::makes_partial(mid, b);
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            const std::int64_t before = detail::probe_bytes(src, prefix, c, o.cost_model);
+            const std::int64_t lacks = into ? detail::partial_share_floor(src, mid, b, c)
+                                            : detail::missing_elements(src, mid, b, c);
+            std::int64_t floor = before + lacks * src.elem_bytes();
+            if (into)
+              floor = std::max(
+                  floor,
+                  before + detail::partial_exchange_cost(src, mid, b, c, o.cost_model, false).recv *
+                               src.elem_bytes());
+            positive += floor > 0 ? 1 : 0;
+            if (floor > plan.bytes_recv_max())
+              FAIL_CHECK(fmt::format("{} {} -> {} on {} through {}, rank {}: floor {} B, plan {}",
+                                     shape, a, b, m.shape(), mid, r, floor, plan));
+            ++checked;
+          }
+        }
+      });
+  CHECK(checked > 10000);
+  CHECK(positive > 5000);
+}
+
 TEST_CASE("one step between even layouts is built as the general builder builds it", "[planner]") {
   // plan_redistribute builds the first plan of one transition between even layouts with
   // build_even_step, which costs the origin alone: it must give the very plan build() gives

@@ -1474,6 +1474,36 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   return us;
 }
 
+// The bytes the rank at `probe` receives in the plan of the transitions `ts` (from `base`'s
+// placements), each step exact, as the bytes objective's automatic padding runs them (padded
+// ones receive more): with what an exchange after them costs it, a floor under such a plan's
+// largest receive that lets try_exchanges skip candidates without costing them under the bytes
+// objective.
+constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
+                                   const MeshCoord& probe, const CostModel& model) {
+  std::int64_t bytes = 0;
+  Placements state = base.placements();
+  Box have = base.local_box(state, probe);
+  for (const Transition& t : ts) {
+    Placements next = state;
+    next[t.mesh_dim] = t.to;
+    StepKind kind = step_kind(t.from, t.to);
+    if (t.from.is_partial() && t.to.is_partial()) {  // P(a) -> P(b): its all-reduce
+      kind = StepKind::all_reduce;
+      next[t.mesh_dim] = Placement::replicate();
+    }
+    const Box want = base.local_box(next, probe);
+    if (moves_data(kind) && base.mesh().size(t.mesh_dim) > 1)
+      bytes = bytes_add(bytes, rank_step_cost(base, state, next, kind, t.mesh_dim, false, probe,
+                                              have, want, model)
+                                   .bytes.recv);
+    next[t.mesh_dim] = t.to;
+    state = next;
+    have = base.local_box(state, probe);
+  }
+  return bytes;
+}
+
 // Plans with one exchange: first each source Partial the target does not keep is reduced on its
 // own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's Replicate
 // dims are optionally chunked to some S(d) so that the reduction runs on a smaller block; then
@@ -1526,12 +1556,20 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
               beat)
         return;
     }
-    // Under the bytes objective, the probe's receives in the exchange alone must not exceed the
-    // best plan's.
-    if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr &&
-        bytes_mul(partial_exchange_cost(src, mid, b, probe, options.cost_model, false).recv,
-                  src.elem_bytes()) > best.bytes_recv_max())
-      return;
+    // Under the bytes objective, the probe's receives in the transitions and the exchange must
+    // not exceed the best plan's: first with its even share of what its group lacks, then with
+    // its exact receives.
+    if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr) {
+      const std::int64_t before = probe_bytes(src, prefix, probe, options.cost_model);
+      const std::int64_t most = best.bytes_recv_max();
+      if (bytes_add(before, bytes_mul(partial_share_floor(src, mid, b, probe), src.elem_bytes())) >
+              most ||
+          bytes_add(
+              before,
+              bytes_mul(partial_exchange_cost(src, mid, b, probe, options.cost_model, false).recv,
+                        src.elem_bytes())) > most)
+        return;
+    }
     const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
     const Plan p = plan_builder::build(src, dst, prefix, &end, {}, options,
                                        plan_builder::incumbent(best), &probe);
@@ -1598,6 +1636,15 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr &&
         exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model) >
             plan_builder::time_to_beat(best))
+      continue;
+    // Under the bytes objective, the probe's receives in the transitions and what it lacks of
+    // its block after the exchange (every rank receives exactly that) must not exceed the best
+    // plan's.
+    if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr &&
+        bytes_add(probe_bytes(src, prefix, probe, options.cost_model),
+                  bytes_mul(makes_partial(mid, end) ? partial_share_floor(src, mid, end, probe)
+                                                    : missing_elements(src, mid, end, probe),
+                            src.elem_bytes())) > best.bytes_recv_max())
       continue;
     const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options,
                                        plan_builder::incumbent(best), &probe);
