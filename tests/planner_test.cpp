@@ -719,6 +719,56 @@ TEST_CASE("the bytes floors that skip exchange candidates are below their plans'
   CHECK(positive > 5000);
 }
 
+TEST_CASE("the bytes floor that skips an exchange from a Partial is below its plan's bytes",
+          "[planner][bound]") {
+  // Under the bytes objective try_exchanges skips the exchange from a Partial where
+  // reducing_exchange_elements_floor at the probe exceeds the best plan's bytes: checked from
+  // every rank against the plan's largest receive, the block cut along a dim and by elements,
+  // after chunking the source's Replicate dims to the target's shards or not.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
+                               Partial(ReduceOp::max)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2})};
+  int checked = 0, positive = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}, Shape{1, 3}})
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        if (!detail::exchange_reduces(a, b)) return;
+        const Layout src(m, a, shape), dst(m, b, shape);
+        PlanOptions o;
+        o.objective = Objective::bytes;
+        o = o.with_cost_model(CostModel::defaults(m));
+        detail::Transitions chunks;
+        Placements chunked = a;
+        for (int k = 0; k < m.ndim(); ++k)
+          if (a[k].is_replicate() && b[k].is_shard() && m.size(k) > 1) {
+            chunks.push_back({k, a[k], b[k]});
+            chunked[k] = b[k];
+          }
+        const Placements end = b;
+        for (const bool chunk : {false, true})
+          for (const bool by_elements : {false, true}) {
+            if (chunk && (chunks.empty() || !detail::transitions_valid(a, chunks))) continue;
+            const Plan plan =
+                detail::plan_builder::build(src, dst, chunk ? chunks : detail::Transitions{}, &end,
+                                            {}, o, nullptr, nullptr, by_elements);
+            if (detail::plan_builder::pruned(plan)) continue;
+            for (int r = 0; r < m.size(); ++r) {
+              const std::int64_t floor = detail::reducing_exchange_elements_floor(
+                                             src, chunk ? chunked : a, b, m.coordinate(r)) *
+                                         src.elem_bytes();
+              positive += floor > 0 ? 1 : 0;
+              if (floor > plan.bytes_recv_max())
+                FAIL_CHECK(fmt::format("{} {} -> {} on {}, rank {}: floor {} B, plan {}", shape, a,
+                                       b, m.shape(), r, floor, plan));
+              ++checked;
+            }
+          }
+      });
+  CHECK(checked > 5000);
+  CHECK(positive > 2000);
+}
+
 TEST_CASE("one step between even layouts is built as the general builder builds it", "[planner]") {
   // plan_redistribute builds the first plan of one transition between even layouts with
   // build_even_step, which costs the origin alone: it must give the very plan build() gives

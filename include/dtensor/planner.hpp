@@ -1690,6 +1690,11 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     for (const bool chunk : {false, true}) {
       if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
       const Placements& from = chunk ? chunked : a;
+      // Under the bytes objective, a floor first (the chunks receive nothing).
+      if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr &&
+          bytes_mul(reducing_exchange_elements_floor(src, from, to, probe), src.elem_bytes()) >
+              best.bytes_recv_max())
+        continue;
       const double beat = timed ? plan_builder::time_to_beat(best) : 0;
       const CostModel& model = options.cost_model;
       double shared = 0;

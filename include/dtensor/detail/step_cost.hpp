@@ -679,6 +679,21 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
   return out;
 }
 
+// A floor under the most elements a rank receives in an exchange from a Partial, from the group
+// of `coord` without cutting its block: the member with the largest part (at least 1/g of the
+// block) receives g-1 partials of it, and `coord` what of its target block its group's block
+// lacks.
+constexpr std::int64_t reducing_exchange_elements_floor(const Layout& base,
+                                                        const Placements& before,
+                                                        const Placements& after,
+                                                        const MeshCoord& coord) {
+  const Box block = base.local_box(before, coord), want = base.local_box(after, coord);
+  const int g = group_size(base.mesh(), reduced_partials(before, after).dims);
+  const std::int64_t first = bytes_mul(g - 1, (block.numel() + g - 1) / g);
+  const std::int64_t second = want.numel() - overlap_numel(want, block);
+  return first > second ? first : second;
+}
+
 // A floor under the slowest second round of an exchange from a Partial, from the targets of the
 // group of `coord` without cutting its block: each element of the block is owned by one member,
 // so of the t members whose target blocks hold it, t - 1 at least lack it, and some member lacks
