@@ -664,16 +664,20 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
 
 TEST_CASE("the bytes floors that skip exchange candidates are below their plans' bytes",
           "[planner][bound]") {
-  // Under the bytes objective try_exchanges skips a plan of transitions then one exchange where
-  // the probe's receives in the transitions (probe_bytes) plus what it lacks after the exchange
-  // (missing_elements; into a Partial, its even share, partial_share_floor, or its exact
-  // receives) exceed the best plan's: checked from every rank against the plan's largest
-  // receive, for each source Partial reduced first to R or a shard, on even and uneven shapes.
+  // Under the bytes objective try_exchanges skips a candidate whose floor at the probe exceeds
+  // the best plan's bytes; each floor is checked from every rank against the plan's largest
+  // receive, on even and uneven shapes:
+  // - transitions then one exchange: the probe's receives in the transitions (probe_bytes) plus
+  //   what it lacks after the exchange (missing_elements; into a Partial, its even share,
+  //   partial_share_floor, then its exact receives), for each source Partial reduced first to R
+  //   or a shard;
+  // - the exchange from a Partial: reducing_exchange_elements_floor, the block cut along a dim
+  //   and by elements, after chunking the source's Replicate dims to the target's shards or not.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
                                DeviceMesh({2, 2, 2})};
-  int checked = 0, positive = 0;
+  int checked = 0, positive = 0, reducing_checked = 0, reducing_positive = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}, Shape{1, 3}})
       testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
@@ -681,6 +685,22 @@ TEST_CASE("the bytes floors that skip exchange candidates are below their plans'
         PlanOptions o;
         o.objective = Objective::bytes;
         o = o.with_cost_model(CostModel::defaults(m));
+        const Placements end = b;
+        // The floor at every rank against the plan of `prefix` then an exchange to b.
+        auto check = [&](const detail::Transitions& prefix, bool by_elements, auto&& floor_at) {
+          const Plan plan = detail::plan_builder::build(src, dst, prefix, &end, {}, o, nullptr,
+                                                        nullptr, by_elements);
+          if (detail::plan_builder::pruned(plan)) return false;
+          for (int r = 0; r < m.size(); ++r) {
+            const std::int64_t floor = floor_at(m.coordinate(r));
+            if (floor > plan.bytes_recv_max())
+              FAIL_CHECK(fmt::format("{} {} -> {} on {}, rank {}: floor {} B, plan {}", shape, a, b,
+                                     m.shape(), r, floor, plan));
+            positive += floor > 0 ? 1 : 0;
+            ++checked;
+          }
+          return true;
+        };
         for (const Placement reduce_to :
              {Placement(Replicate()), Placement(Shard(0)), Placement(Shard(1))}) {
           // Each source Partial the target does not keep reduced on its own dim first.
@@ -692,52 +712,20 @@ TEST_CASE("the bytes floors that skip exchange candidates are below their plans'
               mid[k] = reduce_to;
             }
           if (!detail::transitions_valid(a, prefix) || mid == b) continue;
-          const Placements end = b;
-          const Plan plan = detail::plan_builder::build(src, dst, prefix, &end, {}, o);
-          if (detail::plan_builder::pruned(plan)) continue;
           const bool into = detail::makes_partial(mid, b);
-          for (int r = 0; r < m.size(); ++r) {
-            const MeshCoord c = m.coordinate(r);
+          check(prefix, false, [&](const MeshCoord& c) {
             const std::int64_t before = detail::probe_bytes(src, prefix, c, o.cost_model);
             const std::int64_t lacks = into ? detail::partial_share_floor(src, mid, b, c)
                                             : detail::missing_elements(src, mid, b, c);
-            std::int64_t floor = before + lacks * src.elem_bytes();
-            if (into)
-              floor = std::max(
-                  floor,
-                  before + detail::partial_exchange_cost(src, mid, b, c, o.cost_model, false).recv *
-                               src.elem_bytes());
-            positive += floor > 0 ? 1 : 0;
-            if (floor > plan.bytes_recv_max())
-              FAIL_CHECK(fmt::format("{} {} -> {} on {} through {}, rank {}: floor {} B, plan {}",
-                                     shape, a, b, m.shape(), mid, r, floor, plan));
-            ++checked;
-          }
+            const std::int64_t floor = before + lacks * src.elem_bytes();
+            if (!into) return floor;
+            return std::max(
+                floor,
+                before + detail::partial_exchange_cost(src, mid, b, c, o.cost_model, false).recv *
+                             src.elem_bytes());
+          });
         }
-      });
-  CHECK(checked > 10000);
-  CHECK(positive > 5000);
-}
-
-TEST_CASE("the bytes floor that skips an exchange from a Partial is below its plan's bytes",
-          "[planner][bound]") {
-  // Under the bytes objective try_exchanges skips the exchange from a Partial where
-  // reducing_exchange_elements_floor at the probe exceeds the best plan's bytes: checked from
-  // every rank against the plan's largest receive, the block cut along a dim and by elements,
-  // after chunking the source's Replicate dims to the target's shards or not.
-  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
-                               Partial(ReduceOp::max)};
-  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
-                               DeviceMesh({2, 2, 2})};
-  int checked = 0, positive = 0;
-  for (const DeviceMesh& m : meshes)
-    for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}, Shape{1, 3}})
-      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
         if (!detail::exchange_reduces(a, b)) return;
-        const Layout src(m, a, shape), dst(m, b, shape);
-        PlanOptions o;
-        o.objective = Objective::bytes;
-        o = o.with_cost_model(CostModel::defaults(m));
         detail::Transitions chunks;
         Placements chunked = a;
         for (int k = 0; k < m.ndim(); ++k)
@@ -745,28 +733,23 @@ TEST_CASE("the bytes floor that skips an exchange from a Partial is below its pl
             chunks.push_back({k, a[k], b[k]});
             chunked[k] = b[k];
           }
-        const Placements end = b;
         for (const bool chunk : {false, true})
           for (const bool by_elements : {false, true}) {
             if (chunk && (chunks.empty() || !detail::transitions_valid(a, chunks))) continue;
-            const Plan plan =
-                detail::plan_builder::build(src, dst, chunk ? chunks : detail::Transitions{}, &end,
-                                            {}, o, nullptr, nullptr, by_elements);
-            if (detail::plan_builder::pruned(plan)) continue;
-            for (int r = 0; r < m.size(); ++r) {
-              const std::int64_t floor = detail::reducing_exchange_elements_floor(
-                                             src, chunk ? chunked : a, b, m.coordinate(r)) *
-                                         src.elem_bytes();
-              positive += floor > 0 ? 1 : 0;
-              if (floor > plan.bytes_recv_max())
-                FAIL_CHECK(fmt::format("{} {} -> {} on {}, rank {}: floor {} B, plan {}", shape, a,
-                                       b, m.shape(), r, floor, plan));
-              ++checked;
+            const int before = positive;
+            if (check(chunk ? chunks : detail::Transitions{}, by_elements, [&](const MeshCoord& c) {
+                  return detail::reducing_exchange_elements_floor(src, chunk ? chunked : a, b, c) *
+                         src.elem_bytes();
+                })) {
+              reducing_checked += m.size();
+              reducing_positive += positive - before;
             }
           }
       });
-  CHECK(checked > 5000);
-  CHECK(positive > 2000);
+  CHECK(checked > 10000);
+  CHECK(positive > 5000);
+  CHECK(reducing_checked > 5000);
+  CHECK(reducing_positive > 2000);
 }
 
 TEST_CASE("one step between even layouts is built as the general builder builds it", "[planner]") {
