@@ -790,6 +790,44 @@ TEST_CASE("one step between even layouts is built as the general builder builds 
   CHECK(refused > 100);  // uneven layouts, mesh dims of one rank, changes of a Partial's op
 }
 
+TEST_CASE("a gather and chunk of one mesh dim between even layouts plans as one all-to-all",
+          "[planner]") {
+  // Without Partial, where the greedy plan is S(i) -> R -> S(j) on one mesh dim between even
+  // layouts, plan_redistribute builds the all-to-all first (build_even_step) and stops: it must
+  // be the plan the general builder gives for that step, at the lower bound, under both
+  // objectives.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2}), DeviceMesh({8})};
+  int planned = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : {Shape{8, 16, 8}, Shape{16, 8, 32}})
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        const Layout src(m, a, shape), dst(m, b, shape);
+        const detail::Transitions greedy =
+            detail::reductions_first(a, detail::greedy_transitions(a, b));
+        if (greedy.size() != 2) return;
+        const detail::Transitions merged = detail::with_all_to_all(a, greedy);
+        if (merged.size() != 1 || !detail::plan_builder::even_step(src, dst, merged)) return;
+        for (const Objective objective : {Objective::time, Objective::bytes}) {
+          PlanOptions o;
+          o.objective = objective;
+          const Plan plan = plan_redistribute(src, dst, o);
+          const Plan general = detail::plan_builder::build(
+              src, dst, merged, o.with_cost_model(CostModel::defaults(m)));
+          REQUIRE(plan.size() == 1);
+          CHECK(plan[0].kind == StepKind::all_to_all);
+          CHECK(plan[0] == general[0]);
+          CHECK(plan.bytes_recv_max() == general.bytes_recv_max());
+          CHECK(plan.est_us() == general.est_us());
+          CHECK(plan.bytes_recv_max() == lower_bound_bytes_recv_max(src, dst));
+          CHECK(plan.lower_bound_bytes_recv_max() == lower_bound_bytes_recv_max(src, dst));
+          ++planned;
+        }
+      });
+  CHECK(planned > 100);
+}
+
 TEST_CASE("the latency floor that skips candidates is below the time of each of their plans",
           "[planner][bound]") {
   // Under the time objective the planner neither orders nor builds transitions whose messages'

@@ -1867,7 +1867,17 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const Placements& b = dst.placements();
   if (a == b) return detail::plan_builder::unchanged(src, dst, options);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
-  Plan best = detail::plan_builder::even_step(src, dst, greedy)
+  // Between even layouts without Partial, where the greedy plan gathers and chunks one mesh dim
+  // (S(i) -> R -> S(j)), its all-to-all meets the bound: the other candidates before it are the
+  // same two steps (in their only order), so it is the plan, built first and directly.
+  const detail::Transitions merged =
+      greedy.size() == 2 && options.allow_all_to_all && !has_partial(a) && !has_partial(b)
+          ? detail::with_all_to_all(a, greedy)
+          : greedy;
+  const bool all_to_all_first =
+      merged.size() == 1 && greedy.size() == 2 && detail::plan_builder::even_step(src, dst, merged);
+  Plan best = all_to_all_first ? detail::plan_builder::build_even_step(src, dst, merged, options)
+              : detail::plan_builder::even_step(src, dst, greedy)
                   ? detail::plan_builder::build_even_step(src, dst, greedy, options)
                   : detail::plan_builder::build(src, dst, greedy, options);
   // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
@@ -1932,7 +1942,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     if (split.size() != greedy.size()) consider_cheapest_order(split);
   }
   if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
-  if (greedy.size() > 1) consider_all_to_all(greedy);  // one transition merges with none
+  // One transition merges with none; the all-to-all built first is that of greedy.
+  if (greedy.size() > 1 && !all_to_all_first) consider_all_to_all(greedy);
   // The target's Partials that the source has (of the same op or another) or makes from
   // Replicate, on mesh dims of more than one rank.
   int partial_dims[max_mesh_dims] = {};
