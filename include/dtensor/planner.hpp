@@ -887,6 +887,7 @@ struct plan_builder {
     const Transition& t = ts[0];
     return src.mesh().size(t.mesh_dim) > 1 && !(t.from.is_partial() && t.to.is_partial()) &&
            transition_valid(t.mesh_dim, src.placements(), dst.placements()) &&
+           t.from == src.placement(t.mesh_dim) && t.to == dst.placement(t.mesh_dim) &&
            is_even(src, src.placements()) && is_even(src, dst.placements());
   }
 
