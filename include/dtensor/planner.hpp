@@ -1488,19 +1488,14 @@ constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
   for (const Transition& t : ts) {
     Placements next = state;
     next[t.mesh_dim] = t.to;
-    StepKind kind = step_kind(t.from, t.to);
-    if (t.from.is_partial() && t.to.is_partial()) {  // P(a) -> P(b): its all-reduce
-      kind = StepKind::all_reduce;
-      next[t.mesh_dim] = Placement::replicate();
-    }
     const Box want = base.local_box(next, probe);
+    const StepKind kind = step_kind(t.from, t.to);  // P(a) -> P(b): its all-reduce
     if (moves_data(kind) && base.mesh().size(t.mesh_dim) > 1)
       bytes = bytes_add(bytes, rank_step_cost(base, state, next, kind, t.mesh_dim, false, probe,
                                               have, want, model)
                                    .bytes.recv);
-    next[t.mesh_dim] = t.to;
     state = next;
-    have = base.local_box(state, probe);
+    have = want;
   }
   return bytes;
 }

@@ -623,6 +623,27 @@ constexpr int other_groups_meeting(const Layout& base, const Placements& before,
   return groups;
 }
 
+// What the floors that do not cut the group's block of `coord` read, in an exchange from a
+// Partial: the group's size, the least size of its largest part (1/g of the block), and the
+// target block of `coord` with how many of its elements the group's block lacks.
+struct UncutShares {
+  int g = 1;
+  std::int64_t part = 0;
+  Box want;
+  std::int64_t from_others = 0;
+};
+
+constexpr UncutShares uncut_shares(const Layout& base, const Placements& before,
+                                   const Placements& after, const MeshCoord& coord) {
+  UncutShares out;
+  const Box block = base.local_box(before, coord);
+  out.want = base.local_box(after, coord);
+  out.g = group_size(base.mesh(), reduced_partials(before, after).dims);
+  out.part = (block.numel() + out.g - 1) / out.g;
+  out.from_others = out.want.numel() - overlap_numel(out.want, block);
+  return out;
+}
+
 constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placements& before,
                                                const Placements& after, const MeshCoord& coord,
                                                const CostModel& cost, bool cut,
@@ -634,17 +655,14 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
   const double elem = double(base.elem_bytes()), p2p = cost.p2p_latency_factor;
   RoundFloors out;
   if (!cut) {
-    const Box block = base.local_box(before, coord), want = base.local_box(after, coord);
-    const int g = group_size(mesh, dims);
-    const std::int64_t part = (block.numel() + g - 1) / g;
-    if (part > 0 && g > 1)
+    const UncutShares u = uncut_shares(base, before, after, coord);
+    if (u.part > 0 && u.g > 1)
       out.first = LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
-          g - 1, double(part) * (g - 1) * elem);
-    const std::int64_t from_others = want.numel() - overlap_numel(want, block);
-    if (from_others > 0) {
-      const int messages = count_groups ? other_groups_meeting(base, before, want, coord) : 1;
+          u.g - 1, double(u.part) * (u.g - 1) * elem);
+    if (u.from_others > 0) {
+      const int messages = count_groups ? other_groups_meeting(base, before, u.want, coord) : 1;
       out.second = LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(
-          messages > 1 ? messages : 1, double(from_others) * elem);
+          messages > 1 ? messages : 1, double(u.from_others) * elem);
     }
     return out;
   }
@@ -687,11 +705,9 @@ constexpr std::int64_t reducing_exchange_elements_floor(const Layout& base,
                                                         const Placements& before,
                                                         const Placements& after,
                                                         const MeshCoord& coord) {
-  const Box block = base.local_box(before, coord), want = base.local_box(after, coord);
-  const int g = group_size(base.mesh(), reduced_partials(before, after).dims);
-  const std::int64_t first = bytes_mul(g - 1, (block.numel() + g - 1) / g);
-  const std::int64_t second = want.numel() - overlap_numel(want, block);
-  return first > second ? first : second;
+  const UncutShares u = uncut_shares(base, before, after, coord);
+  const std::int64_t first = bytes_mul(u.g - 1, u.part);
+  return first > u.from_others ? first : u.from_others;
 }
 
 // A floor under the slowest second round of an exchange from a Partial, from the targets of the
