@@ -642,8 +642,10 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
               const double shared = detail::shared_targets_floor(src, a, b, c, model);
               const detail::RoundFloors quick =
                   detail::reducing_exchange_floors(src, a, b, c, model, false);
+              std::int64_t groups = 1;
+              detail::missing_elements(src, a, b, c, &groups);
               const detail::RoundFloors counted =
-                  detail::reducing_exchange_floors(src, a, b, c, model, false, nullptr, true);
+                  detail::reducing_exchange_floors(src, a, b, c, model, false, nullptr, groups);
               shared_positive += shared > 0 ? 1 : 0;
               counted_higher += counted.second > quick.second ? 1 : 0;
               for (const detail::RoundFloors& f : {quick, counted})

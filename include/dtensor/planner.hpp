@@ -1697,8 +1697,11 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
       MeshCoord at = probe;
       if (timed) {
+        // One message at least from each other group that holds some of the probe's target.
+        std::int64_t groups = 1;
+        missing_elements(src, from, to, probe, &groups);
         const RoundFloors quick =
-            reducing_exchange_floors(src, from, to, probe, model, false, nullptr, true);
+            reducing_exchange_floors(src, from, to, probe, model, false, nullptr, groups);
         if (quick.first + quick.second > beat) continue;
         shared = shared_targets_floor(src, from, to, probe, model);
         if (quick.first + at_least_shared(quick.second) > beat) continue;

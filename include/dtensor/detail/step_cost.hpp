@@ -602,45 +602,31 @@ constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placemen
 // no split of the messages and bytes among the links costs less). Without `cut`, lower ones
 // that do not cut the group's block: the member with the largest part (at least 1/g of the
 // block) receives g-1 messages of it, and `coord` what of its target block its group's block
-// lacks, in one message from each other group that holds some of it where `count_groups`
-// (finding them visits the source blocks), else in one message. `own`, when given with `cut`,
-// is the parts of the group of `coord` (a cut by elements is given so; without it, the cut
-// along a dim is found).
+// lacks, in `other_groups` messages (at least one; the caller may know how many other groups
+// hold some of it: missing_elements counts them). `own`, when given with `cut`, is the parts of
+// the group of `coord` (a cut by elements is given so; without it, the cut along a dim is
+// found).
 struct RoundFloors {
   double first = 0;
   double second = 0;
 };
 
-// How many groups other than the one of `member` (placements `before`, reduced mesh dims as
-// Partials there) hold elements of `want`: the other groups' sources an exchange from a
-// Partial takes `want` from (for_each_owner), at least one message each.
-constexpr int other_groups_meeting(const Layout& base, const Placements& before, const Box& want,
-                                   const MeshCoord& member) {
-  int groups = 0;
-  for_each_source_of(base, before, want, member, [&](const MeshCoord& source, const Box&) {
-    groups += source == member ? 0 : 1;
-  });
-  return groups;
-}
-
 // What the floors that do not cut the group's block of `coord` read, in an exchange from a
-// Partial: the group's size, the least size of its largest part (1/g of the block), and the
-// target block of `coord` with how many of its elements the group's block lacks.
+// Partial: the group's size, the least size of its largest part (1/g of the block), and how
+// many elements of the target block of `coord` the group's block lacks.
 struct UncutShares {
   int g = 1;
   std::int64_t part = 0;
-  Box want;
   std::int64_t from_others = 0;
 };
 
 constexpr UncutShares uncut_shares(const Layout& base, const Placements& before,
                                    const Placements& after, const MeshCoord& coord) {
   UncutShares out;
-  const Box block = base.local_box(before, coord);
-  out.want = base.local_box(after, coord);
+  const Box block = base.local_box(before, coord), want = base.local_box(after, coord);
   out.g = group_size(base.mesh(), reduced_partials(before, after).dims);
   out.part = (block.numel() + out.g - 1) / out.g;
-  out.from_others = out.want.numel() - overlap_numel(out.want, block);
+  out.from_others = want.numel() - overlap_numel(want, block);
   return out;
 }
 
@@ -648,7 +634,7 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
                                                const Placements& after, const MeshCoord& coord,
                                                const CostModel& cost, bool cut,
                                                const GroupParts* own = nullptr,
-                                               bool count_groups = false) {
+                                               std::int64_t other_groups = 1) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
   const LinkCost inside = fastest_link(mesh, cost, dims), any = fastest_link(mesh, cost);
@@ -659,11 +645,9 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
     if (u.part > 0 && u.g > 1)
       out.first = LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
           u.g - 1, double(u.part) * (u.g - 1) * elem);
-    if (u.from_others > 0) {
-      const int messages = count_groups ? other_groups_meeting(base, before, u.want, coord) : 1;
+    if (u.from_others > 0)
       out.second = LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(
-          messages > 1 ? messages : 1, double(u.from_others) * elem);
-    }
+          double(other_groups > 1 ? other_groups : 1), double(u.from_others) * elem);
     return out;
   }
   const GroupParts parts = own != nullptr ? *own : group_parts(base, before, after, dims, coord);
