@@ -583,11 +583,17 @@ TEST_CASE("the floor that skips exchange candidates is below every exchange plan
             detail::Transitions prefix;
             for (const Step& s : plan) {
               if (s.kind == StepKind::exchange) {
-                const double floor = detail::exchange_plan_floor_us(
-                    src, prefix, s.before, s.after, detail::lower_bound(src, dst).busiest, model);
+                const MeshCoord probe = detail::lower_bound(src, dst).busiest;
+                const double floor =
+                    detail::exchange_plan_floor_us(src, prefix, s.before, s.after, probe, model);
                 INFO(fmt::format("{} {} -> {} on {}: floor {} us, plan {} us", shape, a, b,
                                  m.shape(), floor, plan.est_us()));
                 CHECK(floor <= plan.est_us() + 1e-9);
+                // Cut short by a time to beat, it stops at a cheaper floor: never above the
+                // whole one.
+                for (const double beat : {0.0, floor / 2, floor})
+                  CHECK(detail::exchange_plan_floor_us(src, prefix, s.before, s.after, probe, model,
+                                                       beat) <= floor + 1e-9);
                 ++exchanges;
                 break;
               }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "config.hpp"
 #include "cost_model.hpp"
@@ -1448,31 +1449,45 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
   return us;
 }
 
-// A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
-// make no Partial) followed by an exchange from `mid` to `end` (no Partial): the transitions'
-// latency floor (latency_floor_us), and the exchange costs the rank at `probe`, if it
-// lacks elements of its block, those elements at the fastest link's bandwidth and at least one
-// point-to-point message, or into no Partial, one from each block of `mid` other than its own that
-// holds some of them (the blocks tile the tensor, or each class of a kept Partial's ranks: the
-// elements of one come from a rank that holds it, in a message of its own). Lets try_exchanges
-// skip candidates without costing them.
-constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& ts,
-                                        const Placements& mid, const Placements& end,
-                                        const MeshCoord& probe, const CostModel& model) {
-  const DeviceMesh& mesh = base.mesh();
+// A floor under the time of an exchange from `mid` to `end` (no Partial) on the rank at `probe`:
+// if it lacks elements of its block, those elements at the fastest link's bandwidth and at least
+// one point-to-point message, or into no Partial where `count_messages`, one from each block of
+// `mid` other than its own that holds some of them (the blocks tile the tensor, or each class of
+// a kept Partial's ranks: the elements of one come from a rank that holds it, in a message of
+// its own; counting them costs more than the rest).
+constexpr double exchange_floor_us(const Layout& base, const Placements& mid, const Placements& end,
+                                   const MeshCoord& probe, const CostModel& model,
+                                   bool count_messages = true) {
   // An exact step sends no empty message: of an empty tensor, none at all.
   if (base.global_numel() == 0) return 0;
-  double us = latency_floor_us(base, ts, model);
   std::int64_t messages = 1;
-  const std::int64_t missing = makes_partial(mid, end)
-                                   ? partial_share_floor(base, mid, end, probe)
-                                   : missing_elements(base, mid, end, probe, &messages);
-  if (missing > 0) {
-    const LinkCost fastest = fastest_link(mesh, model);
-    us += LinkCost{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs}.time_us(
-        double(messages), double(missing) * double(base.elem_bytes()));
+  const std::int64_t missing =
+      makes_partial(mid, end)
+          ? partial_share_floor(base, mid, end, probe)
+          : missing_elements(base, mid, end, probe, count_messages ? &messages : nullptr);
+  if (missing <= 0) return 0;
+  const LinkCost fastest = fastest_link(base.mesh(), model);
+  return LinkCost{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs}.time_us(
+      double(messages), double(missing) * double(base.elem_bytes()));
+}
+
+// A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
+// make no Partial) followed by an exchange from `mid` to `end`: the transitions' latency floor
+// (latency_floor_us) and the exchange's on the rank at `probe` (exchange_floor_us). Lets
+// try_exchanges skip candidates without costing them. Where `beat` is given, it stops at the
+// first of its cheaper floors that exceeds it: the transitions' alone, then with the exchange's
+// counting one message.
+constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& ts,
+                                        const Placements& mid, const Placements& end,
+                                        const MeshCoord& probe, const CostModel& model,
+                                        double beat = std::numeric_limits<double>::infinity()) {
+  const double us = latency_floor_us(base, ts, model);
+  if (us > beat) return us;
+  if (beat < std::numeric_limits<double>::infinity() && !makes_partial(mid, end)) {
+    const double one = us + exchange_floor_us(base, mid, end, probe, model, false);
+    if (one > beat) return one;
   }
-  return us;
+  return us + exchange_floor_us(base, mid, end, probe, model);
 }
 
 // The bytes the rank at `probe` receives in the plan of the transitions `ts` (from `base`'s
@@ -1546,7 +1561,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr) {
       const CostModel& model = options.cost_model;
       const double beat = plan_builder::time_to_beat(best);
-      if (exchange_plan_floor_us(src, prefix, mid, b, probe, model) > beat ||
+      if (exchange_plan_floor_us(src, prefix, mid, b, probe, model, beat) > beat ||
           exchange_plan_floor_us(src, prefix, mid, mid, probe, model) +
                   partial_exchange_cost(src, mid, b, probe, model, false).us >
               beat)
@@ -1630,8 +1645,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr &&
-        exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model) >
-            plan_builder::time_to_beat(best))
+        exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model,
+                               plan_builder::time_to_beat(best)) > plan_builder::time_to_beat(best))
       continue;
     // Under the bytes objective, the probe's receives in the transitions and what it lacks of
     // its block after the exchange (every rank receives exactly that) must not exceed the best
