@@ -562,12 +562,13 @@ TEST_CASE("the floor that skips exchange candidates is below every exchange plan
   // The planner skips an exchange candidate whose floor (latencies of its collectives, one
   // point-to-point message and the probe rank's missing elements) exceeds the best plan's time:
   // the floor must never exceed the time of a plan it could have skipped. Checked on every
-  // exchange plan the planner returns, with the default cost model and with cheap messages.
+  // exchange plan the planner returns and on an exchange built for every pair, with the default
+  // cost model and with cheap messages.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum)};
   const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
                                DeviceMesh({2, 2, 2})};
   const Shape shapes[] = {{16, 8}, {5, 7}, {4096, 1024}};
-  int exchanges = 0;
+  int exchanges = 0, candidates = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : shapes)
       for (double p2p : {2.0, 0.5})
@@ -589,19 +590,42 @@ TEST_CASE("the floor that skips exchange candidates is below every exchange plan
                 INFO(fmt::format("{} {} -> {} on {}: floor {} us, plan {} us", shape, a, b,
                                  m.shape(), floor, plan.est_us()));
                 CHECK(floor <= plan.est_us() + 1e-9);
-                // Cut short by a time to beat, it stops at a cheaper floor: never above the
-                // whole one.
-                for (const double beat : {0.0, floor / 2, floor})
+                // Given a time to beat, it may stop at a cheaper floor or take every rank's:
+                // below the plan's time either way.
+                for (const double beat : {0.0, floor / 2, floor, plan.est_us()})
                   CHECK(detail::exchange_plan_floor_us(src, prefix, s.before, s.after, probe, model,
-                                                       beat) <= floor + 1e-9);
+                                                       beat) <= plan.est_us() + 1e-9);
                 ++exchanges;
                 break;
               }
               prefix.push_back({s.mesh_dim, s.before[s.mesh_dim], s.after[s.mesh_dim]});
             }
           }
+          // Every exchange candidate of this pair's kind that the planner may skip, built here:
+          // the source's Partials all-reduced first (innermost last), then one exchange to the
+          // target (without Partial). Its floor, given any time to beat, is below its time.
+          if (has_partial(b)) return;
+          detail::Transitions prefix;
+          Placements mid = a;
+          for (int k = 0; k < m.ndim(); ++k)
+            if (a[k].is_partial()) {
+              prefix.push_back({k, a[k], Replicate()});
+              mid[k] = Replicate();
+            }
+          if (mid == b) return;
+          o.objective = Objective::time;
+          const Plan candidate = detail::plan_builder::build(src, dst, prefix, &b, {}, o);
+          if (detail::plan_builder::pruned(candidate)) return;
+          const MeshCoord probe = detail::lower_bound(src, dst).busiest;
+          const double us = candidate.est_us();
+          INFO(fmt::format("{} {} -> {} on {}: candidate {} us", shape, a, b, m.shape(), us));
+          for (const double beat : {0.0, us / 2, us, 2 * us, 1e300})
+            CHECK(detail::exchange_plan_floor_us(src, prefix, mid, b, probe, model, beat) <=
+                  us + 1e-9);
+          ++candidates;
         });
   CHECK(exchanges > 100);
+  CHECK(candidates > 1000);
 }
 
 TEST_CASE("the floors that skip an exchange from a Partial are below its time",

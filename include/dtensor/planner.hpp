@@ -1474,20 +1474,33 @@ constexpr double exchange_floor_us(const Layout& base, const Placements& mid, co
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
 // make no Partial) followed by an exchange from `mid` to `end`: the transitions' latency floor
 // (latency_floor_us) and the exchange's on the rank at `probe` (exchange_floor_us). Lets
-// try_exchanges skip candidates without costing them. Where `beat` is given, it stops at the
-// first of its cheaper floors that exceeds it: the transitions' alone, then with the exchange's
-// counting one message.
+// try_exchanges skip candidates without costing them. Where `beat` is given (and the exchange
+// makes no Partial), it stops at the first of its cheaper floors that exceeds it: the
+// transitions' alone, then with the exchange's counting one message; and where the probe holds
+// its target already, on meshes of at most 8 ranks, it takes the most of every rank's floor
+// counting one message instead (the probe is at the origin, where the collectives cost the
+// most, and another rank may lack its whole block).
 constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& ts,
                                         const Placements& mid, const Placements& end,
                                         const MeshCoord& probe, const CostModel& model,
                                         double beat = std::numeric_limits<double>::infinity()) {
   const double us = latency_floor_us(base, ts, model);
   if (us > beat) return us;
-  if (beat < std::numeric_limits<double>::infinity() && !makes_partial(mid, end)) {
-    const double one = us + exchange_floor_us(base, mid, end, probe, model, false);
-    if (one > beat) return one;
+  if (beat == std::numeric_limits<double>::infinity() || makes_partial(mid, end))
+    return us + exchange_floor_us(base, mid, end, probe, model);
+  const double one = us + exchange_floor_us(base, mid, end, probe, model, false);
+  if (one > beat) return one;
+  if (one > us) return us + exchange_floor_us(base, mid, end, probe, model);
+  double most = us;
+  if (base.mesh().size() <= 8) {
+    const bool fixed[max_mesh_dims] = {};
+    for_each_coord_while(base.mesh(), probe, fixed, [&](const MeshCoord& c) {
+      const double at = us + exchange_floor_us(base, mid, end, c, model, false);
+      most = at > most ? at : most;
+      return most <= beat;
+    });
   }
-  return us + exchange_floor_us(base, mid, end, probe, model);
+  return most;
 }
 
 // The bytes the rank at `probe` receives in the plan of the transitions `ts` (from `base`'s
