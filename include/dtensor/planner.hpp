@@ -1938,8 +1938,16 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
            detail::latency_floor_us(src, ts, options.cost_model) >
                detail::plan_builder::time_to_beat(best);
   };
+  // The transitions built so far (the first plan's among them): built again, they would make
+  // the same plan, which cannot beat the best so far (no better than itself, or than what beat
+  // it), so they are not.
+  detail::static_vector<detail::Transitions, 16> built;
+  built.push_back(all_to_all_first ? merged : greedy);
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
+    for (const detail::Transitions& seen : built)
+      if (seen == ts) return;
+    if (built.size() < built.capacity()) built.push_back(ts);
     if (latency_loses(ts)) return;
     const Plan p = detail::plan_builder::build(src, dst, ts, options,
                                                detail::plan_builder::incumbent(best), &probe);
