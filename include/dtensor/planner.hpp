@@ -1894,19 +1894,29 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const Placements& b = dst.placements();
   if (a == b) return detail::plan_builder::unchanged(src, dst, options);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
-  // Between even layouts without Partial, where the greedy plan gathers and chunks one mesh dim
-  // (S(i) -> R -> S(j)), its all-to-all meets the bound: the other candidates before it are the
-  // same two steps (in their only order), so it is the plan, built first and directly.
+  // Without Partial, where the greedy plan gathers and chunks one mesh dim (S(i) -> R -> S(j)),
+  // its all-to-all moves no rank more bytes: from each member it receives, in the same message,
+  // the part of what the gather would that lies in its target (padded, a piece of each extent
+  // that pads the gathered one), and it holds no gathered block between. Between even layouts it
+  // meets the bound and ends the search; between uneven ones under the time objective, where
+  // steps may be padded, it takes no longer either (padded, its messages are the gather's in
+  // number and class, and the planner pads a step only where that is faster; exact, an uneven
+  // gather's are point to point too). There it is built first instead (so the gather and chunk
+  // are never built: they cannot beat it; a tie in time, steps and bytes goes to the
+  // all-to-all), directly between even layouts.
   const detail::Transitions merged =
       greedy.size() == 2 && options.allow_all_to_all && !has_partial(a) && !has_partial(b)
           ? detail::with_all_to_all(a, greedy)
           : greedy;
-  const bool all_to_all_first =
-      merged.size() == 1 && greedy.size() == 2 && detail::plan_builder::even_step(src, dst, merged);
-  Plan best = all_to_all_first ? detail::plan_builder::build_even_step(src, dst, merged, options)
-              : detail::plan_builder::even_step(src, dst, greedy)
-                  ? detail::plan_builder::build_even_step(src, dst, greedy, options)
-                  : detail::plan_builder::build(src, dst, greedy, options);
+  const bool may_pad = options.padding == Padding::always ||
+                       (options.padding == Padding::automatic && options.memory != Memory::bounded);
+  const bool all_to_all_first = merged.size() == 1 && greedy.size() == 2 &&
+                                (detail::plan_builder::even_step(src, dst, merged) ||
+                                 (options.objective == Objective::time && may_pad));
+  const detail::Transitions& first = all_to_all_first ? merged : greedy;
+  Plan best = detail::plan_builder::even_step(src, dst, first)
+                  ? detail::plan_builder::build_even_step(src, dst, first, options)
+                  : detail::plan_builder::build(src, dst, first, options);
   // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
   const bool meets = detail::plan_builder::meets_bound(best);
   const detail::LowerBound lb =
@@ -1942,7 +1952,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   // the same plan, which cannot beat the best so far (no better than itself, or than what beat
   // it), so they are not.
   detail::static_vector<detail::Transitions, 16> built;
-  built.push_back(all_to_all_first ? merged : greedy);
+  built.push_back(greedy);
+  if (all_to_all_first) built.push_back(merged);
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
     for (const detail::Transitions& seen : built)
