@@ -1951,14 +1951,15 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   // The transitions built so far (the first plan's among them): built again, they would make
   // the same plan, which cannot beat the best so far (no better than itself, or than what beat
   // it), so they are not.
-  detail::static_vector<detail::Transitions, 16> built;
+  using Built = detail::static_vector<detail::Transitions, 16>;
+  Built built;
   built.push_back(greedy);
   if (all_to_all_first) built.push_back(merged);
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
     for (const detail::Transitions& seen : built)
       if (seen == ts) return;
-    if (built.size() < built.capacity()) built.push_back(ts);
+    if (built.size() < Built::capacity()) built.push_back(ts);
     if (latency_loses(ts)) return;
     const Plan p = detail::plan_builder::build(src, dst, ts, options,
                                                detail::plan_builder::incumbent(best), &probe);
