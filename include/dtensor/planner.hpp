@@ -678,25 +678,50 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
   return bytes_add(total, mesh.size() - 1) / mesh.size();
 }
 
+// What the rank at `coord` lacks of its target block (placements `to`) after holding its block
+// of `from`: the elements, whether it holds some of them, and the target block's range along
+// every tensor dim (for sources_of).
+struct Missing {
+  std::int64_t elements = 0;
+  bool holds_some = false;
+  Range wanted[max_tensor_dims] = {};
+};
+constexpr Missing missing_at(const Layout& base, const Placements& from, const Placements& to,
+                             const MeshCoord& coord) {
+  Missing out;
+  std::int64_t want = 1, kept = 1;
+  for (int d = 0; d < base.tensor_ndim(); ++d) {
+    const HeldRanges r = held_ranges(base, from, to, coord, d);
+    want *= r.to.size;
+    kept *= r.shared();
+    out.wanted[d] = r.to;
+  }
+  out.elements = want - kept;
+  out.holds_some = kept > 0;
+  return out;
+}
+
+// The number of blocks of `from` other than the rank's own that hold some of the target block
+// of `m` (missing_at; the blocks of a layout tile the tensor, or each class of a Partial's).
+constexpr std::int64_t sources_of(const Layout& base, const Placements& from, const Missing& m) {
+  std::int64_t blocks = 1;
+  for (int d = 0; d < base.tensor_ndim(); ++d)
+    blocks *= pieces_overlapping(base, from, 0, d, {0, base.global_shape()[d]}, m.wanted[d]);
+  return blocks - (m.holds_some ? 1 : 0);
+}
+
 // lower_bound_elements for layouts without Partial, in O(tensor dims x mesh dims): the elements
 // of the target block of the rank at `coord` its source block lacks, from the ranges each
 // side's shards cut along every tensor dim (nested outermost first, as Layout::local_box).
 // The placements `from` and `to` are of `base`'s tensor and mesh.
 // With `sources`, also the number of blocks of `from` other than the rank's own that hold some
-// of its target block (the blocks of a layout tile the tensor, or each class of a Partial's).
+// of its target block (sources_of).
 constexpr std::int64_t missing_elements(const Layout& base, const Placements& from,
                                         const Placements& to, const MeshCoord& coord,
                                         std::int64_t* sources = nullptr) {
-  std::int64_t want = 1, kept = 1, blocks = 1;
-  for (int d = 0; d < base.tensor_ndim(); ++d) {
-    const HeldRanges r = held_ranges(base, from, to, coord, d);
-    want *= r.to.size;
-    kept *= r.shared();
-    if (sources != nullptr)
-      blocks *= pieces_overlapping(base, from, 0, d, {0, base.global_shape()[d]}, r.to);
-  }
-  if (sources != nullptr) *sources = blocks - (kept > 0 ? 1 : 0);
-  return want - kept;
+  const Missing m = missing_at(base, from, to, coord);
+  if (sources != nullptr) *sources = sources_of(base, from, m);
+  return m.elements;
 }
 
 // Whether every shard of `ps` over base's mesh cuts its tensor dim into equal pieces. Every
@@ -1451,20 +1476,17 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
 
 // A floor under the time of an exchange from `mid` to `end` (no Partial) on the rank at `probe`:
 // if it lacks elements of its block, those elements at the fastest link's bandwidth and at least
-// one point-to-point message, or into no Partial where `count_messages`, one from each block of
-// `mid` other than its own that holds some of them (the blocks tile the tensor, or each class of
-// a kept Partial's ranks: the elements of one come from a rank that holds it, in a message of
-// its own; counting them costs more than the rest).
+// one point-to-point message, or into no Partial, one from each block of `mid` other than its
+// own that holds some of them (the blocks tile the tensor, or each class of a kept Partial's
+// ranks: the elements of one come from a rank that holds it, in a message of its own).
 constexpr double exchange_floor_us(const Layout& base, const Placements& mid, const Placements& end,
-                                   const MeshCoord& probe, const CostModel& model,
-                                   bool count_messages = true) {
+                                   const MeshCoord& probe, const CostModel& model) {
   // An exact step sends no empty message: of an empty tensor, none at all.
   if (base.global_numel() == 0) return 0;
   std::int64_t messages = 1;
-  const std::int64_t missing =
-      makes_partial(mid, end)
-          ? partial_share_floor(base, mid, end, probe)
-          : missing_elements(base, mid, end, probe, count_messages ? &messages : nullptr);
+  const std::int64_t missing = makes_partial(mid, end)
+                                   ? partial_share_floor(base, mid, end, probe)
+                                   : missing_elements(base, mid, end, probe, &messages);
   if (missing <= 0) return 0;
   const LinkCost fastest = fastest_link(base.mesh(), model);
   return LinkCost{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs}.time_us(
@@ -1486,20 +1508,32 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
                                         double beat = std::numeric_limits<double>::infinity()) {
   const double us = latency_floor_us(base, ts, model);
   if (us > beat) return us;
-  if (beat == std::numeric_limits<double>::infinity() || makes_partial(mid, end))
+  if (beat == std::numeric_limits<double>::infinity() || makes_partial(mid, end) ||
+      base.global_numel() == 0)
     return us + exchange_floor_us(base, mid, end, probe, model);
-  const double one = us + exchange_floor_us(base, mid, end, probe, model, false);
-  if (one > beat) return one;
-  if (one > us) return us + exchange_floor_us(base, mid, end, probe, model);
-  double most = us;
-  if (base.mesh().size() <= 8) {
-    const bool fixed[max_mesh_dims] = {};
-    for_each_coord_while(base.mesh(), probe, fixed, [&](const MeshCoord& c) {
-      const double at = us + exchange_floor_us(base, mid, end, c, model, false);
-      most = at > most ? at : most;
-      return most <= beat;
-    });
+  const LinkCost fastest = fastest_link(base.mesh(), model);
+  const LinkCost link{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs};
+  const double elem = double(base.elem_bytes());
+  const Missing m = missing_at(base, mid, end, probe);
+  if (m.elements > 0) {
+    const double one = us + link.time_us(1, double(m.elements) * elem);
+    if (one > beat) return one;
+    return us + link.time_us(double(sources_of(base, mid, m)), double(m.elements) * elem);
   }
+  // No rank lacks more than the origin's target block (each nested cut's first piece is its
+  // largest): where one message of that cannot exceed `beat`, no rank's floor can.
+  const MeshCoord origin(static_cast<std::size_t>(base.mesh().ndim()), 0);
+  if (base.mesh().size() > 8 ||
+      us + link.time_us(1, double(base.local_box(end, origin).numel()) * elem) <= beat)
+    return us;
+  double most = us;
+  const bool fixed[max_mesh_dims] = {};
+  for_each_coord_while(base.mesh(), probe, fixed, [&](const MeshCoord& c) {
+    const std::int64_t lacks = missing_at(base, mid, end, c).elements;
+    const double at = lacks > 0 ? us + link.time_us(1, double(lacks) * elem) : us;
+    most = at > most ? at : most;
+    return most <= beat;
+  });
   return most;
 }
 
@@ -1910,11 +1944,12 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
           : greedy;
   const bool may_pad = options.padding == Padding::always ||
                        (options.padding == Padding::automatic && options.memory != Memory::bounded);
-  const bool all_to_all_first = merged.size() == 1 && greedy.size() == 2 &&
-                                (detail::plan_builder::even_step(src, dst, merged) ||
-                                 (options.objective == Objective::time && may_pad));
+  const bool merges = merged.size() == 1 && greedy.size() == 2;
+  const bool merged_even = merges && detail::plan_builder::even_step(src, dst, merged);
+  const bool all_to_all_first =
+      merged_even || (merges && options.objective == Objective::time && may_pad);
   const detail::Transitions& first = all_to_all_first ? merged : greedy;
-  Plan best = detail::plan_builder::even_step(src, dst, first)
+  Plan best = (all_to_all_first ? merged_even : detail::plan_builder::even_step(src, dst, greedy))
                   ? detail::plan_builder::build_even_step(src, dst, first, options)
                   : detail::plan_builder::build(src, dst, first, options);
   // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
@@ -1948,17 +1983,21 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
            detail::latency_floor_us(src, ts, options.cost_model) >
                detail::plan_builder::time_to_beat(best);
   };
-  // The transitions built so far (the first plan's among them): built again, they would make
-  // the same plan, which cannot beat the best so far (no better than itself, or than what beat
-  // it), so they are not.
-  using Built = detail::static_vector<detail::Transitions, 16>;
+  // The transitions built so far (the first plan's and those of `built`, the first 8 built
+  // after it): built again, they would make the same plan, which cannot beat the best so far (no
+  // better than itself, or than what beat it), so they are not. Where the all-to-all was built
+  // first, greedy's gather and chunk count as built: they cannot beat it.
+  using Built = detail::static_vector<detail::Transitions, 8>;
   Built built;
-  built.push_back(greedy);
-  if (all_to_all_first) built.push_back(merged);
+  auto already_built = [&](const detail::Transitions& ts) {
+    if (ts == greedy || (all_to_all_first && ts == merged)) return true;
+    for (const detail::Transitions& seen : built)
+      if (seen == ts) return true;
+    return false;
+  };
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
-    for (const detail::Transitions& seen : built)
-      if (seen == ts) return;
+    if (already_built(ts)) return;
     if (built.size() < Built::capacity()) built.push_back(ts);
     if (latency_loses(ts)) return;
     const Plan p = detail::plan_builder::build(src, dst, ts, options,
