@@ -1347,8 +1347,9 @@ struct plan_builder {
   // shard when it runs (so that each group reduces a block no other holds), between even layouts,
   // of a block that splits evenly into the group's pieces: every rank receives the reduction
   // bound, (g-1)/g of its block to merge each element and, for the all-reduce, as much again to
-  // spread it.
-  static constexpr bool meets_bound(const Plan& plan) {
+  // spread it. `ends_even`: the plan's source and target layouts are known to be even (then
+  // they are not checked again).
+  static constexpr bool meets_bound(const Plan& plan, bool ends_even = false) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
     const Placements& a = plan.src_.placements();
@@ -1374,7 +1375,8 @@ struct plan_builder {
     // A Replicate mesh dim beside it would let its replicas split the reduction.
     for (int j = 0; j < base.mesh().ndim(); ++j)
       if (j != k && !at[j].is_shard() && base.mesh().size(j) > 1) return false;
-    return a[k].is_partial() && is_even(base, at) && is_even(base, reduction->after) &&
+    const bool ends = ends_even && at == a && reduction->after == plan.dst_.placements();
+    return a[k].is_partial() && (ends || (is_even(base, at) && is_even(base, reduction->after))) &&
            base.local_box(at, MeshCoord(static_cast<std::size_t>(base.mesh().ndim()), 0)).numel() %
                    g ==
                0;
@@ -1949,11 +1951,12 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   const bool all_to_all_first =
       merged_even || (merges && options.objective == Objective::time && may_pad);
   const detail::Transitions& first = all_to_all_first ? merged : greedy;
-  Plan best = (all_to_all_first ? merged_even : detail::plan_builder::even_step(src, dst, greedy))
-                  ? detail::plan_builder::build_even_step(src, dst, first, options)
-                  : detail::plan_builder::build(src, dst, first, options);
+  const bool first_even =
+      all_to_all_first ? merged_even : detail::plan_builder::even_step(src, dst, greedy);
+  Plan best = first_even ? detail::plan_builder::build_even_step(src, dst, first, options)
+                         : detail::plan_builder::build(src, dst, first, options);
   // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
-  const bool meets = detail::plan_builder::meets_bound(best);
+  const bool meets = detail::plan_builder::meets_bound(best, first_even);
   const detail::LowerBound lb =
       meets ? detail::LowerBound{0, MeshCoord(static_cast<std::size_t>(src.mesh().ndim()), 0)}
             : detail::lower_bound(src, dst);
