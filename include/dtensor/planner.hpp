@@ -1931,14 +1931,14 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   if (a == b) return detail::plan_builder::unchanged(src, dst, options);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   // Without Partial, where the greedy plan gathers and chunks one mesh dim (S(i) -> R -> S(j)),
-  // its all-to-all moves no rank more bytes: from each member it receives, in the same message,
-  // the part of what the gather would that lies in its target (padded, a piece of each extent
-  // that pads the gathered one), and it holds no gathered block between. Between even layouts it
-  // meets the bound and ends the search; between uneven ones under the time objective, where
-  // steps may be padded, it takes no longer either (padded, its messages are the gather's in
-  // number and class, and the planner pads a step only where that is faster; exact, an uneven
-  // gather's are point to point too). There it is built first instead (so the gather and chunk
-  // are never built: they cannot beat it; a tie in time, steps and bytes goes to the
+  // its all-to-all receives from each member, in the same message, the part of what the gather
+  // would that lies in its target (padded, a piece of each extent that pads the gathered one),
+  // and holds no gathered block between. Between even layouts it meets the bound and ends the
+  // search. Between uneven ones under the time objective, where steps may be padded, it takes
+  // no longer on any rank: padded, its messages are the gather's in number and class, with no
+  // more bytes; exact, an uneven gather's are point to point too; and the planner pads a step
+  // where that is faster. There it is built first instead and the gather and chunk never (they
+  // cannot beat it; a tie in time and steps, which greedy's order used to win, goes to the
   // all-to-all), directly between even layouts.
   const detail::Transitions merged =
       greedy.size() == 2 && options.allow_all_to_all && !has_partial(a) && !has_partial(b)
