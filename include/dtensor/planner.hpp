@@ -1515,7 +1515,7 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
     return us + exchange_floor_us(base, mid, end, probe, model);
   const LinkCost fastest = fastest_link(base.mesh(), model);
   const LinkCost link{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs};
-  const double elem = double(base.elem_bytes());
+  const auto elem = static_cast<double>(base.elem_bytes());
   const Missing m = missing_at(base, mid, end, probe);
   if (m.elements > 0) {
     const double one = us + link.time_us(1, double(m.elements) * elem);
@@ -1993,10 +1993,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   using Built = detail::static_vector<detail::Transitions, 8>;
   Built built;
   auto already_built = [&](const detail::Transitions& ts) {
-    if (ts == greedy || (all_to_all_first && ts == merged)) return true;
-    for (const detail::Transitions& seen : built)
-      if (seen == ts) return true;
-    return false;
+    return ts == greedy || (all_to_all_first && ts == merged) ||
+           std::ranges::any_of(built, [&](const detail::Transitions& seen) { return seen == ts; });
   };
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
   auto consider = [&](const detail::Transitions& ts) {
