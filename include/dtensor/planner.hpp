@@ -859,6 +859,15 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
   return out;
 }
 
+// Whether the options let the planner pad a step's uneven pieces: always, or automatically
+// where that is faster, except under Memory::bounded, where automatic padding pads nothing (a
+// padded step stages the group's largest piece for every member, more than the block it
+// gathers or scatters).
+constexpr bool pads_steps(const PlanOptions& o) noexcept {
+  return o.padding == Padding::always ||
+         (o.padding == Padding::automatic && o.memory != Memory::bounded);
+}
+
 struct plan_builder {
   // The plan of the transitions `ts`, with costs.
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& ts,
@@ -1062,10 +1071,7 @@ struct plan_builder {
       all_even = all_even && even[i + 1];
       has_exchange |= plan.steps_[i].kind == StepKind::exchange;
     }
-    // Under Memory::bounded, automatic padding pads nothing: a padded step stages the group's
-    // largest piece for every member, more than the block it gathers or scatters.
-    const bool pads = o.padding == Padding::always ||
-                      (o.padding == Padding::automatic && o.memory != Memory::bounded);
+    const bool pads = pads_steps(o);
     auto may_pad = [&](const Step& s) {
       return moves_data(s.kind) && !all_even && s.kind != StepKind::exchange &&
              s.kind != StepKind::all_reduce && pads;
@@ -1944,12 +1950,10 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
       greedy.size() == 2 && options.allow_all_to_all && !has_partial(a) && !has_partial(b)
           ? detail::with_all_to_all(a, greedy)
           : greedy;
-  const bool may_pad = options.padding == Padding::always ||
-                       (options.padding == Padding::automatic && options.memory != Memory::bounded);
   const bool merges = merged.size() == 1 && greedy.size() == 2;
   const bool merged_even = merges && detail::plan_builder::even_step(src, dst, merged);
-  const bool all_to_all_first =
-      merged_even || (merges && options.objective == Objective::time && may_pad);
+  const bool all_to_all_first = merged_even || (merges && options.objective == Objective::time &&
+                                                detail::pads_steps(options));
   const detail::Transitions& first = all_to_all_first ? merged : greedy;
   const bool first_even =
       all_to_all_first ? merged_even : detail::plan_builder::even_step(src, dst, greedy);
