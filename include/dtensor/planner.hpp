@@ -1496,9 +1496,8 @@ constexpr double exchange_floor_us(const Layout& base, const Placements& mid, co
                                    ? partial_share_floor(base, mid, end, probe)
                                    : missing_elements(base, mid, end, probe, &messages);
   if (missing <= 0) return 0;
-  const LinkCost fastest = fastest_link(base.mesh(), model);
-  return LinkCost{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs}.time_us(
-      double(messages), double(missing) * double(base.elem_bytes()));
+  return fastest_p2p_link(base.mesh(), model)
+      .time_us(double(messages), double(missing) * double(base.elem_bytes()));
 }
 
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
@@ -1519,8 +1518,7 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   if (beat == std::numeric_limits<double>::infinity() || makes_partial(mid, end) ||
       base.global_numel() == 0)
     return us + exchange_floor_us(base, mid, end, probe, model);
-  const LinkCost fastest = fastest_link(base.mesh(), model);
-  const LinkCost link{fastest.latency_us * model.p2p_latency_factor, fastest.bandwidth_gbs};
+  const LinkCost link = fastest_p2p_link(base.mesh(), model);
   const auto elem = static_cast<double>(base.elem_bytes());
   const Missing m = missing_at(base, mid, end, probe);
   if (m.elements > 0) {

@@ -395,6 +395,15 @@ constexpr LinkCost fastest_link(const DeviceMesh& mesh, const CostModel& cost,
   return fastest;
 }
 
+// The fastest link of the mesh dims `dims` (fastest_link) as a point-to-point message pays it:
+// its latency times the model's p2p_latency_factor. A floor under any message of an exchange
+// over those dims.
+constexpr LinkCost fastest_p2p_link(const DeviceMesh& mesh, const CostModel& cost,
+                                    unsigned dims = ~0u) {
+  const LinkCost fastest = fastest_link(mesh, cost, dims);
+  return {fastest.latency_us * cost.p2p_latency_factor, fastest.bandwidth_gbs};
+}
+
 // A rank's point-to-point receives in one round, by the link class of each message (the
 // outermost mesh dim where sender and receiver differ).
 struct ReceivesByLink {
@@ -637,17 +646,16 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
                                                std::int64_t other_groups = 1) {
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
-  const LinkCost inside = fastest_link(mesh, cost, dims), any = fastest_link(mesh, cost);
-  const double elem = double(base.elem_bytes()), p2p = cost.p2p_latency_factor;
+  const LinkCost inside = fastest_p2p_link(mesh, cost, dims), any = fastest_p2p_link(mesh, cost);
+  const double elem = double(base.elem_bytes());
   RoundFloors out;
   if (!cut) {
     const UncutShares u = uncut_shares(base, before, after, coord);
     if (u.part > 0 && u.g > 1)
-      out.first = LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
-          u.g - 1, double(u.part) * (u.g - 1) * elem);
+      out.first = inside.time_us(u.g - 1, double(u.part) * (u.g - 1) * elem);
     if (u.from_others > 0)
-      out.second = LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(
-          double(other_groups > 1 ? other_groups : 1), double(u.from_others) * elem);
+      out.second =
+          any.time_us(double(other_groups > 1 ? other_groups : 1), double(u.from_others) * elem);
     return out;
   }
   const GroupParts parts = own != nullptr ? *own : group_parts(base, before, after, dims, coord);
@@ -670,12 +678,8 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
     }
     const std::int64_t from_others = want.numel() - in_block;
     double us = 0;
-    if (from_group > 0)
-      us += LinkCost{inside.latency_us * p2p, inside.bandwidth_gbs}.time_us(
-          owners, double(from_group) * elem);
-    if (from_others > 0)
-      us +=
-          LinkCost{any.latency_us * p2p, any.bandwidth_gbs}.time_us(1, double(from_others) * elem);
+    if (from_group > 0) us += inside.time_us(owners, double(from_group) * elem);
+    if (from_others > 0) us += any.time_us(1, double(from_others) * elem);
     out.second = us > out.second ? us : out.second;
   }
   return out;
@@ -711,9 +715,7 @@ constexpr double shared_targets_floor(const Layout& base, const Placements& befo
     excess += overlap_numel(base.local_box(after, group_member(mesh, coord, dims, j)), block);
   if (excess <= 0) return 0;
   const std::int64_t lacks = (excess + g - 1) / g;  // the busiest member's, at least
-  const LinkCost any = fastest_link(mesh, cost);
-  return LinkCost{any.latency_us * cost.p2p_latency_factor, any.bandwidth_gbs}.time_us(
-      1, double(lacks) * double(base.elem_bytes()));
+  return fastest_p2p_link(mesh, cost).time_us(1, double(lacks) * double(base.elem_bytes()));
 }
 
 // The floors of reducing_exchange_floors without `cut` for every rank: the largest of each
