@@ -647,7 +647,7 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
   const DeviceMesh& mesh = base.mesh();
   const unsigned dims = reduced_partials(before, after).dims;
   const LinkCost inside = fastest_p2p_link(mesh, cost, dims), any = fastest_p2p_link(mesh, cost);
-  const double elem = double(base.elem_bytes());
+  const auto elem = static_cast<double>(base.elem_bytes());
   RoundFloors out;
   if (!cut) {
     const UncutShares u = uncut_shares(base, before, after, coord);
