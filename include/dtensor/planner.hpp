@@ -595,7 +595,7 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
     classes *= mesh.size(k);
     have[k] = want[k] = Placement::replicate();
   }
-  if (classes == 1 || nd == 0) return 0;
+  if (classes == 1 || nd == 0 || src.global_numel() == 0) return 0;
   // The blocks of one class's ranks, as [lo, hi) per tensor dim: side 0 the source's, side 1 the
   // target's. Only the first `members` entries are used, each written before it is read: not
   // cleared (nor are `cuts` below).
@@ -621,18 +621,25 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
                          return true;
                        });
   if (too_many) return 0;
-  // Per tensor dim, every block boundary, sorted: the cells between them are inside or outside
-  // each block.
+  // The work limit: cells as if no two blocks shared a boundary, whatever they share.
   constexpr int max_cuts = 4 * max_members + 2;
+  std::int64_t cells = 1;
+  for (int d = 0; d < nd; ++d) cells *= 4 * members + 1;
+  if (cells * members > (std::int64_t{1} << 14)) return 0;
+  // Per tensor dim, every distinct block boundary, sorted: the cells between them are inside or
+  // outside each block.
   std::int64_t cuts[max_tensor_dims][max_cuts];  // NOLINT(cppcoreguidelines-init-variables)
   int num_cuts[max_tensor_dims] = {};
   for (int d = 0; d < nd; ++d) {
     std::int64_t* at = cuts[d];
     int& count = num_cuts[d];
     auto add = [&](std::int64_t x) {
-      int i = count++;
-      for (; i > 0 && at[i - 1] > x; --i) at[i] = at[i - 1];
+      int i = count;
+      while (i > 0 && at[i - 1] > x) --i;
+      if (i > 0 && at[i - 1] == x) return;
+      for (int j = count; j > i; --j) at[j] = at[j - 1];
       at[i] = x;
+      ++count;
     };
     add(0);
     add(src.global_shape()[d]);
@@ -642,31 +649,27 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
         add(hi[side][i][d]);
       }
   }
-  std::int64_t cells = 1;
-  for (int d = 0; d < nd; ++d) cells *= num_cuts[d] - 1;
-  if (cells * members > (std::int64_t{1} << 14)) return 0;
   std::int64_t total = 0;
   int cell[max_tensor_dims] = {};
   while (true) {
     std::int64_t numel = 1;
     for (int d = 0; d < nd; ++d) numel *= cuts[d][cell[d] + 1] - cuts[d][cell[d]];
-    if (numel > 0) {
-      std::int64_t holders = 0, lacking = 0;
-      // A cell lies inside a block or outside it: its first element says which.
-      auto holds = [&](int side, int i) {
-        for (int d = 0; d < nd; ++d) {
-          const std::int64_t x = cuts[d][cell[d]];
-          if (x < lo[side][i][d] || x >= hi[side][i][d]) return false;
-        }
-        return true;
-      };
-      for (int i = 0; i < members; ++i)
-        if (holds(1, i)) (holds(0, i) ? holders : lacking) += 1;
-      if (lacking > 0) {
-        const std::int64_t own = classes * lacking;
-        const std::int64_t mixed = classes - 1 + holders + lacking - (holders > 0 ? 1 : 0);
-        total = bytes_add(total, bytes_mul(numel, own < mixed ? own : mixed));
+    // Every cell holds elements: the cuts are distinct.
+    std::int64_t holders = 0, lacking = 0;
+    // A cell lies inside a block or outside it: its first element says which.
+    auto holds = [&](int side, int i) {
+      for (int d = 0; d < nd; ++d) {
+        const std::int64_t x = cuts[d][cell[d]];
+        if (x < lo[side][i][d] || x >= hi[side][i][d]) return false;
       }
+      return true;
+    };
+    for (int i = 0; i < members; ++i)
+      if (holds(1, i)) (holds(0, i) ? holders : lacking) += 1;
+    if (lacking > 0) {
+      const std::int64_t own = classes * lacking;
+      const std::int64_t mixed = classes - 1 + holders + lacking - (holders > 0 ? 1 : 0);
+      total = bytes_add(total, bytes_mul(numel, own < mixed ? own : mixed));
     }
     int d = nd - 1;
     for (; d >= 0; --d) {
