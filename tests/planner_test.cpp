@@ -1023,6 +1023,10 @@ TEST_CASE("the pieces that meet a range are counted as visiting them counts them
                                lo, lo + size));
               REQUIRE(detail::pieces_overlapping(base, ps, depth, 0, {0, n}, {lo, size}) ==
                       expected);
+              // One cut of the whole dim: counted by the pieces holding its ends.
+              if (depth == m.ndim() - 1)
+                REQUIRE(detail::pieces_meeting_count(n, m.size(depth), policy, lo, lo + size) ==
+                        expected);
               ++checked;
             }
       }
@@ -1095,6 +1099,79 @@ TEST_CASE("the kinds of block pair are those the ranks hold, and a collective's 
         });
   CHECK(pairs * testing::exhaustive_stride() > 5000);
   CHECK(steps > (testing::exhaustive_stride() == 1 ? 4000 : 100));  // fewer when thinned
+}
+
+TEST_CASE("ranks of a kind cost an exchange alike, and one rank of each kind is given",
+          "[planner][bound]") {
+  // detail::for_each_exchange_kind gives one rank of each kind of an exchange whose tensor dims
+  // are cut at most once each side: kinds told apart by extents, overlaps and the source pieces
+  // that meet the target range. Every rank must be of a kind given, and cost as its rank.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum)};
+  const DeviceMesh meshes[] = {DeviceMesh({16}),      DeviceMesh({4, 4}), DeviceMesh({3, 4}),
+                               DeviceMesh({2, 3, 2}), DeviceMesh({2, 8}), DeviceMesh({5, 3})};
+  const Shape shapes[] = {{7, 10}, {48, 16}, {13, 1}, {5, 3}, {100, 27}};
+  int given = 0, declined = 0, ranks = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Layout base(m, a, shape, DType::f32, policy);
+          const CostModel model = CostModel::defaults(m);
+          auto key = [&](const MeshCoord& c) {
+            const Box have = base.local_box(a, c), want = base.local_box(b, c);
+            std::vector<std::int64_t> out;
+            for (std::size_t d = 0; d < shape.size(); ++d) {
+              const std::int64_t lo = std::max(have.offset[d], want.offset[d]);
+              const std::int64_t hi =
+                  std::min(have.offset[d] + have.shape[d], want.offset[d] + want.shape[d]);
+              out.insert(out.end(),
+                         {have.shape[d], want.shape[d], hi > lo ? hi - lo : 0,
+                          detail::pieces_overlapping(base, a, 0, static_cast<int>(d), {0, shape[d]},
+                                                     {want.offset[d], want.shape[d]})});
+            }
+            return out;
+          };
+          auto cost = [&](const MeshCoord& c) {
+            return detail::rank_step_cost(base, a, b, StepKind::exchange, -1, false, c, model);
+          };
+          std::vector<std::pair<std::vector<std::int64_t>, detail::RankStepCost>> kinds;
+          const bool ok = detail::for_each_exchange_kind(
+              base, a, b, [&](const MeshCoord& c) { kinds.emplace_back(key(c), cost(c)); });
+          if (!ok) {
+            ++declined;
+            return;
+          }
+          INFO(fmt::format("{} {} -> {} on {}, policy {}", shape, a, b, m.shape(),
+                           static_cast<int>(policy)));
+          REQUIRE(!detail::exchange_reduces(a, b));
+          REQUIRE(!detail::makes_partial(a, b));
+          ++given;
+          for (std::size_t i = 0; i < kinds.size(); ++i)
+            for (std::size_t j = 0; j < i; ++j) REQUIRE(kinds[i].first != kinds[j].first);
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            const auto k = key(c);
+            const auto it = std::find_if(kinds.begin(), kinds.end(),
+                                         [&](const auto& kind) { return kind.first == k; });
+            INFO(fmt::format("rank {}", r));
+            REQUIRE(it != kinds.end());
+            const detail::RankStepCost mine = cost(c);
+            REQUIRE(mine.bytes == it->second.bytes);
+            REQUIRE(mine.us == Approx(it->second.us).epsilon(1e-12));
+            ++ranks;
+          }
+        });
+  CHECK(given * testing::exhaustive_stride() > 1000);
+  CHECK(declined * testing::exhaustive_stride() > 1000);
+  CHECK(ranks * testing::exhaustive_stride() > 10000);
+  // Declined: a dim cut twice, an exchange that reduces.
+  const DeviceMesh m44({4, 4});
+  const Layout twice = layout(m44, "S(0),S(0)", {16, 16});
+  CHECK(!detail::for_each_exchange_kind(twice, twice.placements(), parse_placements("S(1),R"),
+                                        [](const MeshCoord&) {}));
+  const Layout partial = layout(m44, "P,S(0)", {16, 16});
+  CHECK(!detail::for_each_exchange_kind(partial, partial.placements(), parse_placements("R,S(1)"),
+                                        [](const MeshCoord&) {}));
 }
 
 TEST_CASE("plans on more than 8 ranks report the maxima over every rank", "[planner][bound]") {

@@ -1328,6 +1328,30 @@ struct plan_builder {
           }
         }
       }
+      // Where only an exchange does (no Partial made or reduced, no relation found), on more than
+      // 8 ranks, with every tensor dim cut at most once each side: one rank of each kind speaks
+      // for the ranks of its kind (for_each_exchange_kind).
+      if (varying_steps == 1 && visited > 8 && !only_related && varying != partial_step &&
+          plan.steps_[varying].kind == StepKind::exchange) {
+        Step& s = plan.steps_[varying];
+        by_kind = for_each_exchange_kind(base, s.before, s.after, [&](const MeshCoord& c) {
+          const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                 s.padded, c, o.cost_model);
+          s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
+          s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
+          s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+        });
+        if (by_kind) {
+          plan.bytes_recv_max_ = bytes_add(uniform_total.recv, s.bytes_recv_max);
+          plan.bytes_send_max_ = bytes_add(uniform_total.send, s.bytes_send_max);
+          double us = 0;
+          for (const Step& t : plan.steps_) us += t.est_us;
+          if (loses_at(plan.bytes_recv_max_, us)) {
+            plan.pruned_ = true;
+            return;
+          }
+        }
+      }
       if (!by_kind)
         for_each_coord_while(mesh, origin, fixed, only_related ? relation.step : every_coord,
                              visit);

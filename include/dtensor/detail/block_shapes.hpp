@@ -19,23 +19,35 @@ struct DimExtents {
   std::int64_t overlap;
 };
 
-// Calls f(have, want) once for each kind of block pair (before, after) that some rank holds, with
-// boxes of that kind's extents and overlaps (not a rank's offsets). A rank's range along tensor
-// dim d depends only on its coordinates on the mesh dims that cut d, on either side; tensor dims
-// that a mesh dim links (cutting one before and another after) are taken together. The kinds of
-// each such group are found by visiting its mesh dims' coordinates alone, and every combination
-// of the groups' kinds is some rank's. Returns false, having called nothing, where a group has
-// more than max_kinds kinds or would visit more than max_visits coordinates.
-template <class F>
-constexpr bool for_each_block_shape(const Layout& base, const Placements& before,
-                                    const Placements& after, F&& f) {
-  constexpr int max_kinds = 16;
+// The kinds of block pair of each group of tensor dims (below), found by block_kinds.
+// NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): arrays written before they are read
+struct BlockKinds {
+  static constexpr int max_kinds = 16;
+  // The group of each tensor dim (the smallest dim linked to it), and each group's kinds.
+  int group[max_tensor_dims];
+  int kinds[max_tensor_dims];
+  // Kind t of a group: its extents along each of the group's dims d at extents[d][t]; with
+  // pieces, the number of pieces of the source's cut that meet the target range at pieces[d][t];
+  // and a rank of that kind, by its coordinate on each of the group's mesh dims k at rep[k][t].
+  DimExtents extents[max_tensor_dims][max_kinds];
+  std::int64_t pieces[max_tensor_dims][max_kinds];
+  int rep[max_mesh_dims][max_kinds];
+};
+
+// Finds the kinds of block pair (before, after) of each group of tensor dims (see
+// for_each_block_shape), told apart by extents and overlaps and, where `with_pieces`, by the
+// number of non-empty pieces of `before`'s cut of each dim that meet the rank's range after (a
+// dim cut at most once before).
+// Returns false where a group has more than max_kinds kinds or would visit more than max_visits
+// coordinates.
+constexpr bool block_kinds(const Layout& base, const Placements& before, const Placements& after,
+                           bool with_pieces, BlockKinds& out) {
+  constexpr int max_kinds = BlockKinds::max_kinds;
   constexpr int max_visits = 4096;
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim(), nd = base.tensor_ndim();
-  // The group of each tensor dim: the smallest dim linked to it.
-  int group[max_tensor_dims] = {};
-  for (int d = 0; d < nd; ++d) group[d] = d;
+  int* group = out.group;
+  for (int d = 0; d < nd; ++d) group[d] = d, out.kinds[d] = 0;
   for (int k = 0; k < n; ++k)
     if (before[k].is_shard() && after[k].is_shard() && before[k].dim() != after[k].dim()) {
       const int a = group[before[k].dim()], b = group[after[k].dim()];
@@ -43,9 +55,6 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
       for (int d = 0; d < nd; ++d)
         if (group[d] == hi) group[d] = lo;
     }
-  // Each group's kinds: kinds[g] of them, kind t's extents along dim d at extents[d][t].
-  int kinds[max_tensor_dims] = {};
-  DimExtents extents[max_tensor_dims][max_kinds];
   // Per tensor dim, the mesh dims that cut it before and after, in mesh order: a rank's ranges
   // as held_ranges (planner.hpp) cuts them, without asking every mesh dim at every coordinate.
   int cuts_before[max_tensor_dims][max_mesh_dims];
@@ -76,9 +85,12 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
       fixed[k] = !(before[k].is_shard() && group[before[k].dim()] == g) &&
                  !(after[k].is_shard() && group[after[k].dim()] == g);
     if (visited_coords(mesh, fixed) > max_visits) return false;
+    int& count = out.kinds[g];
+    int last = -1;  // the kind of the rank visited before
     bool fits = true;
     for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
       DimExtents mine[max_tensor_dims];  // the group's dims, in `dims` order
+      std::int64_t pieces[max_tensor_dims] = {};
       for (int i = 0; i < ndims; ++i) {
         const int d = dims[i];
         const Range whole{0, base.global_shape()[d]};
@@ -88,45 +100,129 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
         const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
         const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
         mine[i] = {rb.size, ra.size, hi > lo ? hi - lo : 0};
+        // With one cut before at most (for_each_exchange_kind): the pieces of that cut.
+        if (with_pieces)
+          pieces[i] = n_before[d] == 0
+                          ? (ra.size > 0 ? 1 : 0)
+                          : pieces_meeting_count(whole.size, mesh.size(cuts_before[d][0]),
+                                                 base.policy(), ra.start, ra.start + ra.size);
       }
-      bool known = false;
-      for (int t = kinds[g] - 1; t >= 0 && !known; --t) {  // the latest kind first
-        known = true;
-        for (int i = 0; i < ndims && known; ++i) {
-          const DimExtents& e = extents[dims[i]][t];
-          known = e.before == mine[i].before && e.after == mine[i].after &&
-                  e.overlap == mine[i].overlap;
+      auto is_kind = [&](int t) {
+        for (int i = 0; i < ndims; ++i) {
+          const DimExtents& e = out.extents[dims[i]][t];
+          if (e.before != mine[i].before || e.after != mine[i].after ||
+              e.overlap != mine[i].overlap || (with_pieces && out.pieces[dims[i]][t] != pieces[i]))
+            return false;
         }
+        return true;
+      };
+      // The kind of the rank before first (neighbours are mostly alike), then the latest.
+      if (last >= 0 && is_kind(last)) return true;
+      for (int t = count - 1; t >= 0; --t)
+        if (t != last && is_kind(t)) {
+          last = t;
+          return true;
+        }
+      if (count == max_kinds) return fits = false;
+      for (int i = 0; i < ndims; ++i) {
+        out.extents[dims[i]][count] = mine[i];
+        out.pieces[dims[i]][count] = pieces[i];
       }
-      if (known) return true;
-      if (kinds[g] == max_kinds) return fits = false;
-      for (int i = 0; i < ndims; ++i) extents[dims[i]][kinds[g]] = mine[i];
-      ++kinds[g];
+      for (int k = 0; k < n; ++k)
+        if (!fixed[k]) out.rep[k][count] = c[k];
+      last = count++;
       return true;
     });
     if (!fits) return false;
   }
+  return true;
+}
+
+// Calls f(pick) for every combination of the groups' kinds of `kinds` (pick[g]: group g's kind,
+// for the groups' first dims g), each some rank's.
+template <class F>
+constexpr void for_each_kind_combination(const BlockKinds& kinds, int nd, F&& f) {
+  int pick[max_tensor_dims] = {};
+  while (true) {
+    f(static_cast<const int*>(pick));
+    int g = nd - 1;
+    for (; g >= 0; --g) {
+      if (kinds.group[g] != g) continue;
+      if (++pick[g] < kinds.kinds[g]) break;
+      pick[g] = 0;
+    }
+    if (g < 0) return;
+  }
+}
+
+// Calls f(have, want) once for each kind of block pair (before, after) that some rank holds, with
+// boxes of that kind's extents and overlaps (not a rank's offsets). A rank's range along tensor
+// dim d depends only on its coordinates on the mesh dims that cut d, on either side; tensor dims
+// that a mesh dim links (cutting one before and another after) are taken together. The kinds of
+// each such group are found by visiting its mesh dims' coordinates alone, and every combination
+// of the groups' kinds is some rank's. Returns false, having called nothing, where a group has
+// more than BlockKinds::max_kinds kinds or would visit more than 4096 coordinates.
+template <class F>
+constexpr bool for_each_block_shape(const Layout& base, const Placements& before,
+                                    const Placements& after, F&& f) {
+  BlockKinds kinds;  // NOLINT(cppcoreguidelines-pro-type-member-init): block_kinds writes it
+  if (!block_kinds(base, before, after, false, kinds)) return false;
+  const int nd = base.tensor_ndim();
   // Every combination of the groups' kinds: boxes from 0 before and, after, overlapping by the
   // kind's overlap.
-  int pick[max_tensor_dims] = {};
   Box have{Shape(static_cast<std::size_t>(nd), 0), Shape(static_cast<std::size_t>(nd), 0)};
   Box want = have;
-  while (true) {
+  for_each_kind_combination(kinds, nd, [&](const int* pick) {
     for (int d = 0; d < nd; ++d) {
-      const DimExtents& e = extents[d][pick[group[d]]];
+      const DimExtents& e = kinds.extents[d][pick[kinds.group[d]]];
       have.shape[d] = e.before;
       want.offset[d] = e.before - e.overlap;
       want.shape[d] = e.after;
     }
-    f(have, want);
-    int g = nd - 1;
-    for (; g >= 0; --g) {
-      if (group[g] != g) continue;
-      if (++pick[g] < kinds[g]) break;
-      pick[g] = 0;
-    }
-    if (g < 0) return true;
+    f(static_cast<const Box&>(have), static_cast<const Box&>(want));
+  });
+  return true;
+}
+
+// Calls f(coord) for one rank of each kind of an exchange between placements `before` and
+// `after` (no Partial made or reduced) where every tensor dim is cut by at most one mesh dim on
+// each side. There the exchange costs a rank (exchange_cost) by its extents and overlaps along
+// every tensor dim and the number of source pieces that meet its target range (the messages it
+// receives): ranks that agree on those cost alike. Returns false, having called nothing, where a
+// dim is cut more than once, block_kinds finds too many kinds, or their combinations number more
+// than max_ranks.
+template <class F>
+constexpr bool for_each_exchange_kind(const Layout& base, const Placements& before,
+                                      const Placements& after, F&& f) {
+  constexpr std::int64_t max_ranks = 64;
+  const DeviceMesh& mesh = base.mesh();
+  const int n = mesh.ndim(), nd = base.tensor_ndim();
+  if (exchange_reduces(before, after) || makes_partial(before, after)) return false;
+  int cuts_before[max_tensor_dims] = {}, cuts_after[max_tensor_dims] = {};
+  for (int k = 0; k < n; ++k) {
+    if (before[k].is_shard() && ++cuts_before[before[k].dim()] > 1) return false;
+    if (after[k].is_shard() && ++cuts_after[after[k].dim()] > 1) return false;
   }
+  BlockKinds kinds;  // NOLINT(cppcoreguidelines-pro-type-member-init): block_kinds writes it
+  if (!block_kinds(base, before, after, true, kinds)) return false;
+  std::int64_t ranks = 1;
+  for (int g = 0; g < nd; ++g)
+    if (kinds.group[g] == g) ranks *= kinds.kinds[g];
+  if (ranks > max_ranks) return false;
+  // A rank of each combination: the groups' mesh dims are disjoint (a mesh dim links the dims it
+  // cuts), the others' coordinates 0 (they cut nothing).
+  MeshCoord coord(static_cast<std::size_t>(n), 0);
+  int group_of[max_mesh_dims];
+  for (int k = 0; k < n; ++k)
+    group_of[k] = before[k].is_shard()  ? kinds.group[before[k].dim()]
+                  : after[k].is_shard() ? kinds.group[after[k].dim()]
+                                        : -1;
+  for_each_kind_combination(kinds, nd, [&](const int* pick) {
+    for (int k = 0; k < n; ++k)
+      if (group_of[k] >= 0) coord[k] = kinds.rep[k][pick[group_of[k]]];
+    f(static_cast<const MeshCoord&>(coord));
+  });
+  return true;
 }
 
 }  // namespace dtensor::detail

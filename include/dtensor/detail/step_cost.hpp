@@ -86,6 +86,24 @@ constexpr int nonempty_pieces(std::int64_t n, int g, ChunkPolicy policy) noexcep
   return static_cast<int>((n + piece - 1) / piece);
 }
 
+// The piece of `n` elements cut into g (chunk_range) that holds element x (0 <= x < n).
+constexpr int piece_holding(std::int64_t n, int g, ChunkPolicy policy, std::int64_t x) noexcept {
+  if (policy == ChunkPolicy::balanced) {
+    const std::int64_t base = n / g, extra = n % g;
+    const std::int64_t wide = extra * (base + 1);  // the first `extra` pieces hold one more
+    return static_cast<int>(x < wide ? x / (base + 1) : extra + (x - wide) / base);
+  }
+  return static_cast<int>(x / ((n + g - 1) / g));
+}
+
+// The non-empty pieces of `n` elements cut into g (chunk_range) that meet [lo, hi), a range
+// within [0, n): they are consecutive, from the piece holding lo to the one holding hi - 1.
+constexpr std::int64_t pieces_meeting_count(std::int64_t n, int g, ChunkPolicy policy,
+                                            std::int64_t lo, std::int64_t hi) noexcept {
+  if (hi <= lo) return 0;
+  return piece_holding(n, g, policy, hi - 1) - piece_holding(n, g, policy, lo) + 1;
+}
+
 // The pieces [first, last) of `n` elements cut into g (chunk_range) that can meet the relative
 // range [lo, hi): every other piece ends by lo or starts at hi or later. Binary searches, so that
 // a group of many members costs its logarithm, not its size.
