@@ -987,6 +987,38 @@ TEST_CASE("the lower bound's fast path without Partial equals the general rule",
   CHECK(checked > 10000);
 }
 
+TEST_CASE("the lower bound on more than 16 ranks: the most any rank lacks, at the first such rank",
+          "[planner][bound]") {
+  // Without Partial, detail::lower_bound takes one rank of each kind of block pair (block_kinds)
+  // where no BlockRelation holds: the same elements, and the same busiest rank (the probe that
+  // candidates are costed on first), as visiting every rank in row-major order.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
+  const DeviceMesh meshes[] = {DeviceMesh({32}), DeviceMesh({4, 8}), DeviceMesh({3, 6}),
+                               DeviceMesh({2, 3, 4}), DeviceMesh({5, 5})};
+  const Shape shapes[] = {{7, 10, 3}, {100, 27, 1}, {16, 8, 2}, {1, 0, 9}};
+  int checked = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      for (ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Layout src(m, a, shape, DType::f32, policy), dst(m, b, shape, DType::f32, policy);
+          std::int64_t most = 0;
+          MeshCoord first(static_cast<std::size_t>(m.ndim()), 0);
+          for (int r = 0; r < m.size(); ++r) {
+            const MeshCoord c = m.coordinate(r);
+            const std::int64_t e = detail::missing_elements(src, a, b, c);
+            if (e > most) most = e, first = c;
+          }
+          const detail::LowerBound lb = detail::lower_bound(src, dst);
+          INFO(fmt::format("{} {} -> {} on {}, policy {}", shape, a, b, m.shape(),
+                           static_cast<int>(policy)));
+          REQUIRE(lb.elements == most);
+          REQUIRE(lb.busiest == first);
+          ++checked;
+        });
+  CHECK(checked * testing::exhaustive_stride() > 2000);
+}
+
 TEST_CASE("the pieces that meet a range are counted as visiting them counts them",
           "[planner][bound]") {
   // detail::pieces_overlapping counts the non-empty pieces that the shards of a tensor dim from
@@ -1072,6 +1104,43 @@ TEST_CASE("the kinds of block pair are those the ranks hold, and a collective's 
           INFO(fmt::format("{} {} -> {} on {}", shape, a, b, m.shape()));
           REQUIRE(held == given);
           ++pairs;
+          // Each kind's rank (detail::block_kinds) is the first of its kind in row-major order.
+          detail::BlockKinds kinds{};
+          REQUIRE(detail::block_kinds(base, a, b, false, kinds));
+          for (int g = 0; g < static_cast<int>(shape.size()); ++g) {
+            if (kinds.group[g] != g) continue;
+            auto group_extents = [&](const MeshCoord& c) {
+              const auto e = extents(base.local_box(a, c), base.local_box(b, c));
+              std::vector<std::int64_t> out;
+              for (std::size_t d = 0; d < shape.size(); ++d)
+                if (kinds.group[d] == g)
+                  out.insert(out.end(), e.begin() + 3 * d, e.begin() + 3 * d + 3);
+              return out;
+            };
+            std::vector<std::vector<std::int64_t>> seen;
+            for (int r = 0; r < m.size(); ++r) {
+              const MeshCoord c = m.coordinate(r);
+              const auto e = group_extents(c);
+              if (std::find(seen.begin(), seen.end(), e) != seen.end()) continue;
+              seen.push_back(e);
+              int t = 0;
+              for (; t < kinds.kinds[g]; ++t) {
+                std::vector<std::int64_t> kind;
+                for (std::size_t d = 0; d < shape.size(); ++d)
+                  if (kinds.group[d] == g)
+                    kind.insert(kind.end(), {kinds.extents[d][t].before, kinds.extents[d][t].after,
+                                             kinds.extents[d][t].overlap});
+                if (kind == e) break;
+              }
+              REQUIRE(t < kinds.kinds[g]);
+              for (int k = 0; k < m.ndim(); ++k) {
+                const bool cuts = (a[k].is_shard() && kinds.group[a[k].dim()] == g) ||
+                                  (b[k].is_shard() && kinds.group[b[k].dim()] == g);
+                if (cuts) REQUIRE(kinds.rep[k][t] == c[k]);
+              }
+            }
+            REQUIRE(static_cast<int>(seen.size()) == kinds.kinds[g]);
+          }
           // Each valid one-mesh-dim collective from a: its busiest rank, every rank visited.
           for (int k = 0; k < m.ndim(); ++k) {
             if (a[k] == b[k] || !detail::transition_valid(k, a, b)) continue;

@@ -1905,7 +1905,33 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   BlockRelation relation;
   if (blocks_only && visited_coords(mesh, fixed) > 16)
     relation = block_relation(src, src.placements(), dst.placements());
-  if (relation.usable) {
+  // Otherwise, without Partial, on more than 16 ranks: what a rank lacks depends only on its
+  // blocks' extents and overlaps, so one rank of each kind (block_kinds, the first of its kind)
+  // speaks for its kind; the busiest is the first of the busiest kinds, as visiting all finds.
+  BlockKinds kinds;  // NOLINT(cppcoreguidelines-pro-type-member-init): block_kinds writes it
+  if (!relation.usable && blocks_only && visited_coords(mesh, fixed) > 16 &&
+      block_kinds(src, src.placements(), dst.placements(), false, kinds)) {
+    const int nd = src.tensor_ndim();
+    MeshCoord c = out.busiest;
+    for_each_kind_combination(kinds, nd, [&](const int* pick) {
+      std::int64_t want = 1, kept = 1;
+      for (int d = 0; d < nd; ++d) {
+        const DimExtents& e = kinds.extents[d][pick[kinds.group[d]]];
+        want *= e.after;
+        kept *= e.overlap;
+      }
+      for (int k = 0; k < mesh.ndim(); ++k) {
+        const Placement& p = src.placement(k).is_shard() ? src.placement(k) : dst.placement(k);
+        if (p.is_shard()) c[k] = kinds.rep[k][pick[kinds.group[p.dim()]]];
+      }
+      const std::int64_t e = want - kept;
+      if (e > out.elements ||
+          (e == out.elements && e > 0 && std::ranges::lexicographical_compare(c, out.busiest))) {
+        out.elements = e;
+        out.busiest = c;
+      }
+    });
+  } else if (relation.usable) {
     KeyedMemo<std::int64_t> lacks;
     for_each_coord_while(mesh, out.busiest, fixed, relation.step, [&](const MeshCoord& c) {
       return visit(c, lacks.value(relation.key(c), [&] {

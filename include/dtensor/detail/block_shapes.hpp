@@ -84,29 +84,13 @@ constexpr bool block_kinds(const Layout& base, const Placements& before, const P
     for (int k = 0; k < n; ++k)
       fixed[k] = !(before[k].is_shard() && group[before[k].dim()] == g) &&
                  !(after[k].is_shard() && group[after[k].dim()] == g);
-    if (visited_coords(mesh, fixed) > max_visits) return false;
     int& count = out.kinds[g];
-    int last = -1;  // the kind of the rank visited before
-    bool fits = true;
-    for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
-      DimExtents mine[max_tensor_dims];  // the group's dims, in `dims` order
-      std::int64_t pieces[max_tensor_dims] = {};
-      for (int i = 0; i < ndims; ++i) {
-        const int d = dims[i];
-        const Range whole{0, base.global_shape()[d]};
-        const Range rb = cut(whole, cuts_before[d], n_before[d], c);
-        const Range ra = cut(whole, cuts_after[d], n_after[d], c);
-        const std::int64_t lo = rb.start > ra.start ? rb.start : ra.start;
-        const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
-        const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
-        mine[i] = {rb.size, ra.size, hi > lo ? hi - lo : 0};
-        // With one cut before at most (for_each_exchange_kind): the pieces of that cut.
-        if (with_pieces)
-          pieces[i] = n_before[d] == 0
-                          ? (ra.size > 0 ? 1 : 0)
-                          : pieces_meeting_count(whole.size, mesh.size(cuts_before[d][0]),
-                                                 base.policy(), ra.start, ra.start + ra.size);
-      }
+    int last = -1;  // the kind recorded before (neighbours are mostly alike)
+    // Records a rank of the group at `c` whose block pair has extents `mine` and `pieces` along
+    // the group's dims; each kind keeps its first rank in row-major order (`ordered`: no earlier
+    // rank of its kind comes after). False where the kind would be one too many.
+    auto record = [&](const DimExtents* mine, const std::int64_t* pieces, const MeshCoord& c,
+                      bool ordered) {
       auto is_kind = [&](int t) {
         for (int i = 0; i < ndims; ++i) {
           const DimExtents& e = out.extents[dims[i]][t];
@@ -116,23 +100,118 @@ constexpr bool block_kinds(const Layout& base, const Placements& before, const P
         }
         return true;
       };
-      // The kind of the rank before first (neighbours are mostly alike), then the latest.
-      if (last >= 0 && is_kind(last)) return true;
-      for (int t = count - 1; t >= 0; --t)
-        if (t != last && is_kind(t)) {
-          last = t;
-          return true;
+      int t = last >= 0 && is_kind(last) ? last : -1;
+      for (int u = count - 1; u >= 0 && t < 0; --u)
+        if (u != last && is_kind(u)) t = u;
+      if (t < 0) {
+        if (count == max_kinds) return false;
+        t = count++;
+        for (int i = 0; i < ndims; ++i) {
+          out.extents[dims[i]][t] = mine[i];
+          out.pieces[dims[i]][t] = pieces[i];
         }
-      if (count == max_kinds) return fits = false;
-      for (int i = 0; i < ndims; ++i) {
-        out.extents[dims[i]][count] = mine[i];
-        out.pieces[dims[i]][count] = pieces[i];
+        ordered = false;  // written below as its first rank
+        for (int k = 0; k < n; ++k)
+          if (!fixed[k]) out.rep[k][t] = mesh.size(k);  // after every rank
       }
-      for (int k = 0; k < n; ++k)
-        if (!fixed[k]) out.rep[k][count] = c[k];
-      last = count++;
+      last = t;
+      if (ordered) return true;
+      for (int k = 0; k < n; ++k) {
+        if (fixed[k] || c[k] == out.rep[k][t]) continue;
+        if (c[k] < out.rep[k][t])
+          for (int j = 0; j < n; ++j)
+            if (!fixed[j]) out.rep[j][t] = c[j];
+        break;
+      }
       return true;
-    });
+    };
+    bool fits = true;
+    if (ndims == 1 && n_before[dims[0]] == 1 && n_after[dims[0]] == 1 &&
+        cuts_before[dims[0]][0] != cuts_after[dims[0]][0]) {
+      // One tensor dim, cut once before (mesh dim kb) and once after (ka): for each piece after,
+      // the pieces before that meet it (consecutive, pieces_meeting_count) and, of the others
+      // (overlap 0), one of each size, instead of every pair of pieces.
+      const int d = dims[0], kb = cuts_before[d][0], ka = cuts_after[d][0];
+      const int gb = mesh.size(kb), ga = mesh.size(ka);
+      const std::int64_t total = base.global_shape()[d];
+      const ChunkPolicy policy = base.policy();
+      // The pieces before in runs of equal size: sizes never grow with the index (full pieces,
+      // a short one, empty ones; balanced: one larger, then one smaller), so at most three runs.
+      constexpr int max_runs = 3;
+      int run_lo[max_runs] = {}, run_hi[max_runs] = {};
+      std::int64_t run_size[max_runs] = {};
+      int runs = 0;
+      for (int j = 0; j < gb && runs < max_runs; ++runs) {
+        const std::int64_t size = chunk_range(total, gb, j, policy).size;
+        int a = j + 1, b = gb;  // the first piece after j that is smaller
+        while (a < b) {
+          const int m = a + (b - a) / 2;
+          if (chunk_range(total, gb, m, policy).size < size)
+            b = m;
+          else
+            a = m + 1;
+        }
+        run_lo[runs] = j;
+        run_hi[runs] = a;
+        run_size[runs] = size;
+        j = a;
+      }
+      MeshCoord c = origin;
+      int records = 0;  // bounded as the visits below
+      for (int ja = 0; ja < ga && fits; ++ja) {
+        if ((records += 1 + runs) > max_visits) return false;
+        const Range ra = chunk_range(total, ga, ja, policy);
+        c[ka] = ja;
+        int first = 0, final_piece = -1;  // the pieces before that meet ra
+        if (ra.size > 0) {
+          first = piece_holding(total, gb, policy, ra.start);
+          final_piece = piece_holding(total, gb, policy, ra.start + ra.size - 1);
+        }
+        const std::int64_t meeting = with_pieces ? final_piece - first + 1 : 0;
+        if ((records += final_piece - first + 1) > max_visits) return false;
+        for (int jb = first; jb <= final_piece && fits; ++jb) {
+          const Range rb = chunk_range(total, gb, jb, policy);
+          const std::int64_t lo = rb.start > ra.start ? rb.start : ra.start;
+          const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
+          const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
+          const DimExtents mine{rb.size, ra.size, hi > lo ? hi - lo : 0};
+          c[kb] = jb;
+          fits = record(&mine, &meeting, c, false);
+        }
+        for (int r = 0; r < runs && fits; ++r) {
+          const int jb =
+              run_lo[r] >= first && run_lo[r] <= final_piece ? final_piece + 1 : run_lo[r];
+          if (jb >= run_hi[r]) continue;
+          const DimExtents mine{run_size[r], ra.size, 0};
+          c[kb] = jb;
+          fits = record(&mine, &meeting, c, false);
+        }
+      }
+    } else {
+      if (visited_coords(mesh, fixed) > max_visits) return false;
+      for_each_coord_while(mesh, origin, fixed, [&](const MeshCoord& c) {
+        DimExtents mine[max_tensor_dims];  // the group's dims, in `dims` order
+        std::int64_t pieces[max_tensor_dims] = {};
+        for (int i = 0; i < ndims; ++i) {
+          const int d = dims[i];
+          const Range whole{0, base.global_shape()[d]};
+          const Range rb = cut(whole, cuts_before[d], n_before[d], c);
+          const Range ra = cut(whole, cuts_after[d], n_after[d], c);
+          const std::int64_t lo = rb.start > ra.start ? rb.start : ra.start;
+          const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
+          const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
+          mine[i] = {rb.size, ra.size, hi > lo ? hi - lo : 0};
+          // With one cut before at most (for_each_exchange_kind): the pieces of that cut.
+          if (with_pieces)
+            pieces[i] = n_before[d] == 0
+                            ? (ra.size > 0 ? 1 : 0)
+                            : pieces_meeting_count(whole.size, mesh.size(cuts_before[d][0]),
+                                                   base.policy(), ra.start, ra.start + ra.size);
+        }
+        fits = record(mine, pieces, c, true);  // visited in row-major order
+        return fits;
+      });
+    }
     if (!fits) return false;
   }
   return true;
