@@ -231,6 +231,19 @@ void for_each_reducing_case(std::initializer_list<DeviceMesh> meshes,
         }
 }
 
+// Calls f(src, dst) for every pair of placements of `options` on every mesh, every shape and
+// both chunk policies (f32 layouts; testing::for_each_pair's thinning applies).
+template <class F>
+void for_each_layout_pair(std::span<const DeviceMesh> meshes, std::span<const Shape> shapes,
+                          std::span<const Placement> options, F&& f) {
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          f(Layout(m, a, shape, DType::f32, policy), Layout(m, b, shape, DType::f32, policy));
+        });
+}
+
 // The first member of every group on the mesh dims `dims`.
 std::vector<MeshCoord> group_leaders(const DeviceMesh& m, unsigned dims) {
   std::vector<MeshCoord> out;
@@ -972,18 +985,15 @@ TEST_CASE("the lower bound's fast path without Partial equals the general rule",
                                DeviceMesh({2, 2, 2}), DeviceMesh({3, 2})};
   const Shape shapes[] = {{16, 8, 2}, {5, 7, 3}, {1, 0, 9}};
   int checked = 0;
-  for (const DeviceMesh& m : meshes)
-    for (const Shape& shape : shapes)
-      for (ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
-        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
-          const Layout src(m, a, shape, DType::f32, policy), dst(m, b, shape, DType::f32, policy);
-          for (int r = 0; r < m.size(); ++r) {
-            const MeshCoord c = m.coordinate(r);
-            REQUIRE(detail::missing_elements(src, a, b, c) ==
-                    detail::lower_bound_elements(src, dst, c));
-            ++checked;
-          }
-        });
+  for_each_layout_pair(meshes, shapes, options, [&](const Layout& src, const Layout& dst) {
+    const DeviceMesh& m = src.mesh();
+    for (int r = 0; r < m.size(); ++r) {
+      const MeshCoord c = m.coordinate(r);
+      REQUIRE(detail::missing_elements(src, src.placements(), dst.placements(), c) ==
+              detail::lower_bound_elements(src, dst, c));
+      ++checked;
+    }
+  });
   CHECK(checked > 10000);
 }
 
@@ -997,25 +1007,21 @@ TEST_CASE("the lower bound on more than 16 ranks: the most any rank lacks, at th
                                DeviceMesh({2, 3, 4}), DeviceMesh({5, 5})};
   const Shape shapes[] = {{7, 10, 3}, {100, 27, 1}, {16, 8, 2}, {1, 0, 9}};
   int checked = 0;
-  for (const DeviceMesh& m : meshes)
-    for (const Shape& shape : shapes)
-      for (ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
-        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
-          const Layout src(m, a, shape, DType::f32, policy), dst(m, b, shape, DType::f32, policy);
-          std::int64_t most = 0;
-          MeshCoord first(static_cast<std::size_t>(m.ndim()), 0);
-          for (int r = 0; r < m.size(); ++r) {
-            const MeshCoord c = m.coordinate(r);
-            const std::int64_t e = detail::missing_elements(src, a, b, c);
-            if (e > most) most = e, first = c;
-          }
-          const detail::LowerBound lb = detail::lower_bound(src, dst);
-          INFO(fmt::format("{} {} -> {} on {}, policy {}", shape, a, b, m.shape(),
-                           static_cast<int>(policy)));
-          REQUIRE(lb.elements == most);
-          REQUIRE(lb.busiest == first);
-          ++checked;
-        });
+  for_each_layout_pair(meshes, shapes, options, [&](const Layout& src, const Layout& dst) {
+    const DeviceMesh& m = src.mesh();
+    std::int64_t most = 0;
+    MeshCoord first(static_cast<std::size_t>(m.ndim()), 0);
+    for (int r = 0; r < m.size(); ++r) {
+      const MeshCoord c = m.coordinate(r);
+      const std::int64_t e = detail::missing_elements(src, src.placements(), dst.placements(), c);
+      if (e > most) most = e, first = c;
+    }
+    const detail::LowerBound lb = detail::lower_bound(src, dst);
+    INFO(fmt::format("{} -> {}", src, dst));
+    REQUIRE(lb.elements == most);
+    REQUIRE(lb.busiest == first);
+    ++checked;
+  });
   CHECK(checked * testing::exhaustive_stride() > 2000);
 }
 
@@ -1180,56 +1186,55 @@ TEST_CASE("ranks of a kind cost an exchange alike, and one rank of each kind is 
                                DeviceMesh({2, 3, 2}), DeviceMesh({2, 8}), DeviceMesh({5, 3})};
   const Shape shapes[] = {{7, 10}, {48, 16}, {13, 1}, {5, 3}, {100, 27}};
   int given = 0, declined = 0, ranks = 0;
-  for (const DeviceMesh& m : meshes)
-    for (const Shape& shape : shapes)
-      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
-        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
-          const Layout base(m, a, shape, DType::f32, policy);
-          const CostModel model = CostModel::defaults(m);
-          auto key = [&](const MeshCoord& c) {
-            const Box have = base.local_box(a, c), want = base.local_box(b, c);
-            std::vector<std::int64_t> out;
-            for (std::size_t d = 0; d < shape.size(); ++d) {
-              const std::int64_t lo = std::max(have.offset[d], want.offset[d]);
-              const std::int64_t hi =
-                  std::min(have.offset[d] + have.shape[d], want.offset[d] + want.shape[d]);
-              out.insert(out.end(),
-                         {have.shape[d], want.shape[d], hi > lo ? hi - lo : 0,
-                          detail::pieces_overlapping(base, a, 0, static_cast<int>(d), {0, shape[d]},
-                                                     {want.offset[d], want.shape[d]})});
-            }
-            return out;
-          };
-          auto cost = [&](const MeshCoord& c) {
-            return detail::rank_step_cost(base, a, b, StepKind::exchange, -1, false, c, model);
-          };
-          std::vector<std::pair<std::vector<std::int64_t>, detail::RankStepCost>> kinds;
-          const bool ok = detail::for_each_exchange_kind(
-              base, a, b, [&](const MeshCoord& c) { kinds.emplace_back(key(c), cost(c)); });
-          if (!ok) {
-            ++declined;
-            return;
-          }
-          INFO(fmt::format("{} {} -> {} on {}, policy {}", shape, a, b, m.shape(),
-                           static_cast<int>(policy)));
-          REQUIRE(!detail::exchange_reduces(a, b));
-          REQUIRE(!detail::makes_partial(a, b));
-          ++given;
-          for (std::size_t i = 0; i < kinds.size(); ++i)
-            for (std::size_t j = 0; j < i; ++j) REQUIRE(kinds[i].first != kinds[j].first);
-          for (int r = 0; r < m.size(); ++r) {
-            const MeshCoord c = m.coordinate(r);
-            const auto k = key(c);
-            const auto it = std::find_if(kinds.begin(), kinds.end(),
-                                         [&](const auto& kind) { return kind.first == k; });
-            INFO(fmt::format("rank {}", r));
-            REQUIRE(it != kinds.end());
-            const detail::RankStepCost mine = cost(c);
-            REQUIRE(mine.bytes == it->second.bytes);
-            REQUIRE(mine.us == Approx(it->second.us).epsilon(1e-12));
-            ++ranks;
-          }
-        });
+  for_each_layout_pair(meshes, shapes, options, [&](const Layout& base, const Layout& dst) {
+    const DeviceMesh& m = base.mesh();
+    const Placements& a = base.placements();
+    const Placements& b = dst.placements();
+    const Shape& shape = base.global_shape();
+    const CostModel model = CostModel::defaults(m);
+    auto key = [&](const MeshCoord& c) {
+      const Box have = base.local_box(a, c), want = base.local_box(b, c);
+      std::vector<std::int64_t> out;
+      for (std::size_t d = 0; d < shape.size(); ++d) {
+        const std::int64_t lo = std::max(have.offset[d], want.offset[d]);
+        const std::int64_t hi =
+            std::min(have.offset[d] + have.shape[d], want.offset[d] + want.shape[d]);
+        out.insert(out.end(),
+                   {have.shape[d], want.shape[d], hi > lo ? hi - lo : 0,
+                    detail::pieces_overlapping(base, a, 0, static_cast<int>(d), {0, shape[d]},
+                                               {want.offset[d], want.shape[d]})});
+      }
+      return out;
+    };
+    auto cost = [&](const MeshCoord& c) {
+      return detail::rank_step_cost(base, a, b, StepKind::exchange, -1, false, c, model);
+    };
+    std::vector<std::pair<std::vector<std::int64_t>, detail::RankStepCost>> kinds;
+    const bool ok = detail::for_each_exchange_kind(
+        base, a, b, [&](const MeshCoord& c) { kinds.emplace_back(key(c), cost(c)); });
+    if (!ok) {
+      ++declined;
+      return;
+    }
+    INFO(fmt::format("{} -> {}", base, dst));
+    REQUIRE(!detail::exchange_reduces(a, b));
+    REQUIRE(!detail::makes_partial(a, b));
+    ++given;
+    for (std::size_t i = 0; i < kinds.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j) REQUIRE(kinds[i].first != kinds[j].first);
+    for (int r = 0; r < m.size(); ++r) {
+      const MeshCoord c = m.coordinate(r);
+      const auto k = key(c);
+      const auto it = std::find_if(kinds.begin(), kinds.end(),
+                                   [&](const auto& kind) { return kind.first == k; });
+      INFO(fmt::format("rank {}", r));
+      REQUIRE(it != kinds.end());
+      const detail::RankStepCost mine = cost(c);
+      REQUIRE(mine.bytes == it->second.bytes);
+      REQUIRE(mine.us == Approx(it->second.us).epsilon(1e-12));
+      ++ranks;
+    }
+  });
   CHECK(given * testing::exhaustive_stride() > 1000);
   CHECK(declined * testing::exhaustive_stride() > 1000);
   CHECK(ranks * testing::exhaustive_stride() > 10000);

@@ -1296,6 +1296,21 @@ struct plan_builder {
       for (std::size_t i = 0; i < plan.steps_.size(); ++i)
         if (moves_data(plan.steps_[i].kind) && !uniform[i]) varying = i, ++varying_steps;
       const bool only_related = varying_steps == 1 && varying == related_step;
+      // One rank of a kind's figures for step s, into its maxima.
+      auto fold = [](Step& s, const RankStepCost& rc) {
+        s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
+        s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
+        s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+      };
+      // With the maxima of s, the only step whose cost varies, folded: the plan's figures, and
+      // whether it then loses.
+      auto settle_loses = [&](const Step& s) {
+        plan.bytes_recv_max_ = bytes_add(uniform_total.recv, s.bytes_recv_max);
+        plan.bytes_send_max_ = bytes_add(uniform_total.send, s.bytes_send_max);
+        double us = 0;
+        for (const Step& t : plan.steps_) us += t.est_us;
+        return loses_at(plan.bytes_recv_max_, us);
+      };
       bool by_kind = false;
       if (varying_steps == 1 && visited > 8 && plan.steps_[varying].kind != StepKind::exchange &&
           plan.steps_[varying].kind != StepKind::all_reduce) {
@@ -1311,21 +1326,12 @@ struct plan_builder {
         }
         by_kind =
             for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
-              const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                                     s.padded, origin, have, want, o.cost_model);
-              s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
-              s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
-              s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+              fold(s, rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, origin,
+                                     have, want, o.cost_model));
             });
-        if (by_kind) {
-          plan.bytes_recv_max_ = bytes_add(uniform_total.recv, s.bytes_recv_max);
-          plan.bytes_send_max_ = bytes_add(uniform_total.send, s.bytes_send_max);
-          us = 0;
-          for (const Step& t : plan.steps_) us += t.est_us;
-          if (loses_at(plan.bytes_recv_max_, us)) {
-            plan.pruned_ = true;
-            return;
-          }
+        if (by_kind && settle_loses(s)) {
+          plan.pruned_ = true;
+          return;
         }
       }
       // Where only an exchange does (no Partial made or reduced, no relation found), on more than
@@ -1335,21 +1341,12 @@ struct plan_builder {
           plan.steps_[varying].kind == StepKind::exchange) {
         Step& s = plan.steps_[varying];
         by_kind = for_each_exchange_kind(base, s.before, s.after, [&](const MeshCoord& c) {
-          const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                                 s.padded, c, o.cost_model);
-          s.bytes_send_max = max_of(s.bytes_send_max, rc.bytes.send);
-          s.bytes_recv_max = max_of(s.bytes_recv_max, rc.bytes.recv);
-          s.est_us = rc.us > s.est_us ? rc.us : s.est_us;
+          fold(s, rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
+                                 o.cost_model));
         });
-        if (by_kind) {
-          plan.bytes_recv_max_ = bytes_add(uniform_total.recv, s.bytes_recv_max);
-          plan.bytes_send_max_ = bytes_add(uniform_total.send, s.bytes_send_max);
-          double us = 0;
-          for (const Step& t : plan.steps_) us += t.est_us;
-          if (loses_at(plan.bytes_recv_max_, us)) {
-            plan.pruned_ = true;
-            return;
-          }
+        if (by_kind && settle_loses(s)) {
+          plan.pruned_ = true;
+          return;
         }
       }
       if (!by_kind)
