@@ -32,6 +32,14 @@ struct Range {
   friend constexpr bool operator==(const Range&, const Range&) noexcept = default;
 };
 
+// The number of elements two ranges of the same dim share.
+constexpr std::int64_t overlap_size(const Range& a, const Range& b) noexcept {
+  const std::int64_t lo = a.start > b.start ? a.start : b.start;
+  const std::int64_t hi_a = a.start + a.size, hi_b = b.start + b.size;
+  const std::int64_t hi = hi_a < hi_b ? hi_a : hi_b;
+  return hi > lo ? hi - lo : 0;
+}
+
 // Piece `j` of `n` elements cut into `k` pieces under `policy`.
 constexpr Range chunk_range(std::int64_t n, int k, int j, ChunkPolicy policy) noexcept {
   if (policy == ChunkPolicy::balanced) {

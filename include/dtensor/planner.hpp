@@ -455,12 +455,7 @@ constexpr std::int64_t lower_bound_elements(const Layout& src, const Layout& dst
 // Layout::local_box cuts (nested in mesh order), and how many elements they share.
 struct HeldRanges {
   Range from, to;
-  [[nodiscard]] constexpr std::int64_t shared() const noexcept {
-    const std::int64_t lo = from.start > to.start ? from.start : to.start;
-    const std::int64_t hi_from = from.start + from.size, hi_to = to.start + to.size;
-    const std::int64_t hi = hi_from < hi_to ? hi_from : hi_to;
-    return hi > lo ? hi - lo : 0;
-  }
+  [[nodiscard]] constexpr std::int64_t shared() const noexcept { return overlap_size(from, to); }
 };
 constexpr HeldRanges held_ranges(const Layout& base, const Placements& from, const Placements& to,
                                  const MeshCoord& coord, int d) {
@@ -1917,10 +1912,7 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
         want *= e.after;
         kept *= e.overlap;
       }
-      for (int k = 0; k < mesh.ndim(); ++k) {
-        const Placement& p = src.placement(k).is_shard() ? src.placement(k) : dst.placement(k);
-        if (p.is_shard()) c[k] = kinds.rep[k][pick[kinds.group[p.dim()]]];
-      }
+      kinds.rank_of(pick, c);
       const std::int64_t e = want - kept;
       if (e > out.elements ||
           (e == out.elements && e > 0 && std::ranges::lexicographical_compare(c, out.busiest))) {

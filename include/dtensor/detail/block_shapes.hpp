@@ -32,14 +32,25 @@ struct BlockKinds {
   DimExtents extents[max_tensor_dims][max_kinds];
   std::int64_t pieces[max_tensor_dims][max_kinds];
   int rep[max_mesh_dims][max_kinds];
+  // The group of the dims each mesh dim cuts (a mesh dim links the dims it cuts, so the groups'
+  // mesh dims are disjoint), -1 where it cuts none.
+  int mesh_ndim;
+  int group_of_mesh_dim[max_mesh_dims];
+
+  // Writes into `c`, on every mesh dim that cuts, the coordinates of the first rank (row-major)
+  // of the combination `pick` of the groups' kinds (pick[g]: group g's kind): each group's first
+  // rank of its kind, as its mesh dims are its own. Other coordinates are left as they are.
+  constexpr void rank_of(const int* pick, MeshCoord& c) const {
+    for (int k = 0; k < mesh_ndim; ++k)
+      if (group_of_mesh_dim[k] >= 0) c[k] = rep[k][pick[group_of_mesh_dim[k]]];
+  }
 };
 
 // Finds the kinds of block pair (before, after) of each group of tensor dims (see
 // for_each_block_shape), told apart by extents and overlaps and, where `with_pieces`, by the
-// number of non-empty pieces of `before`'s cut of each dim that meet the rank's range after (a
-// dim cut at most once before).
+// number of non-empty pieces of `before`'s cut of each dim that meet the rank's range after.
 // Returns false where a group has more than max_kinds kinds or would visit more than max_visits
-// coordinates.
+// coordinates, or, with pieces, where `before` cuts a dim more than once.
 constexpr bool block_kinds(const Layout& base, const Placements& before, const Placements& after,
                            bool with_pieces, BlockKinds& out) {
   constexpr int max_kinds = BlockKinds::max_kinds;
@@ -55,6 +66,11 @@ constexpr bool block_kinds(const Layout& base, const Placements& before, const P
       for (int d = 0; d < nd; ++d)
         if (group[d] == hi) group[d] = lo;
     }
+  out.mesh_ndim = n;
+  for (int k = 0; k < n; ++k)
+    out.group_of_mesh_dim[k] = before[k].is_shard()  ? group[before[k].dim()]
+                               : after[k].is_shard() ? group[after[k].dim()]
+                                                     : -1;
   // Per tensor dim, the mesh dims that cut it before and after, in mesh order: a rank's ranges
   // as held_ranges (planner.hpp) cuts them, without asking every mesh dim at every coordinate.
   int cuts_before[max_tensor_dims][max_mesh_dims];
@@ -64,6 +80,9 @@ constexpr bool block_kinds(const Layout& base, const Placements& before, const P
     if (before[k].is_shard()) cuts_before[before[k].dim()][n_before[before[k].dim()]++] = k;
     if (after[k].is_shard()) cuts_after[after[k].dim()][n_after[after[k].dim()]++] = k;
   }
+  if (with_pieces)
+    for (int d = 0; d < nd; ++d)
+      if (n_before[d] > 1) return false;
   auto cut = [&](Range r, const int* cuts, int count, const MeshCoord& c) {
     for (int j = 0; j < count; ++j) {
       const int k = cuts[j];
@@ -171,10 +190,7 @@ constexpr bool block_kinds(const Layout& base, const Placements& before, const P
         if ((records += final_piece - first + 1) > max_visits) return false;
         for (int jb = first; jb <= final_piece && fits; ++jb) {
           const Range rb = chunk_range(total, gb, jb, policy);
-          const std::int64_t lo = rb.start > ra.start ? rb.start : ra.start;
-          const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
-          const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
-          const DimExtents mine{rb.size, ra.size, hi > lo ? hi - lo : 0};
+          const DimExtents mine{rb.size, ra.size, overlap_size(rb, ra)};
           c[kb] = jb;
           fits = record(&mine, &meeting, c, false);
         }
@@ -197,11 +213,8 @@ constexpr bool block_kinds(const Layout& base, const Placements& before, const P
           const Range whole{0, base.global_shape()[d]};
           const Range rb = cut(whole, cuts_before[d], n_before[d], c);
           const Range ra = cut(whole, cuts_after[d], n_after[d], c);
-          const std::int64_t lo = rb.start > ra.start ? rb.start : ra.start;
-          const std::int64_t hi_b = rb.start + rb.size, hi_a = ra.start + ra.size;
-          const std::int64_t hi = hi_b < hi_a ? hi_b : hi_a;
-          mine[i] = {rb.size, ra.size, hi > lo ? hi - lo : 0};
-          // With one cut before at most (for_each_exchange_kind): the pieces of that cut.
+          mine[i] = {rb.size, ra.size, overlap_size(rb, ra)};
+          // With one cut before at most: the pieces of that cut.
           if (with_pieces)
             pieces[i] = n_before[d] == 0
                             ? (ra.size > 0 ? 1 : 0)
@@ -277,28 +290,19 @@ constexpr bool for_each_exchange_kind(const Layout& base, const Placements& befo
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim(), nd = base.tensor_ndim();
   if (exchange_reduces(before, after) || makes_partial(before, after)) return false;
-  int cuts_before[max_tensor_dims] = {}, cuts_after[max_tensor_dims] = {};
-  for (int k = 0; k < n; ++k) {
-    if (before[k].is_shard() && ++cuts_before[before[k].dim()] > 1) return false;
+  int cuts_after[max_tensor_dims] = {};  // (block_kinds declines a dim cut twice before)
+  for (int k = 0; k < n; ++k)
     if (after[k].is_shard() && ++cuts_after[after[k].dim()] > 1) return false;
-  }
   BlockKinds kinds;  // NOLINT(cppcoreguidelines-pro-type-member-init): block_kinds writes it
   if (!block_kinds(base, before, after, true, kinds)) return false;
   std::int64_t ranks = 1;
   for (int g = 0; g < nd; ++g)
     if (kinds.group[g] == g) ranks *= kinds.kinds[g];
   if (ranks > max_ranks) return false;
-  // A rank of each combination: the groups' mesh dims are disjoint (a mesh dim links the dims it
-  // cuts), the others' coordinates 0 (they cut nothing).
+  // A rank of each combination, the other coordinates 0 (those mesh dims cut nothing).
   MeshCoord coord(static_cast<std::size_t>(n), 0);
-  int group_of[max_mesh_dims];
-  for (int k = 0; k < n; ++k)
-    group_of[k] = before[k].is_shard()  ? kinds.group[before[k].dim()]
-                  : after[k].is_shard() ? kinds.group[after[k].dim()]
-                                        : -1;
   for_each_kind_combination(kinds, nd, [&](const int* pick) {
-    for (int k = 0; k < n; ++k)
-      if (group_of[k] >= 0) coord[k] = kinds.rep[k][pick[group_of[k]]];
+    kinds.rank_of(pick, coord);
     f(static_cast<const MeshCoord&>(coord));
   });
   return true;
