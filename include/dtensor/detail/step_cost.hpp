@@ -293,12 +293,7 @@ constexpr std::int64_t overlap_over(const Layout& base, const Placements& ps,
   bool every_cut_varies = true;
   for (int m = next; m < n && every_cut_varies; ++m)
     every_cut_varies = !ps[m].is_shard(d) || (vary >> m & 1u) != 0;
-  if (every_cut_varies) {
-    const std::int64_t lo = range.start > have.start ? range.start : have.start;
-    const std::int64_t hi_a = range.start + range.size, hi_b = have.start + have.size;
-    const std::int64_t hi = hi_a < hi_b ? hi_a : hi_b;
-    return hi > lo ? hi - lo : 0;
-  }
+  if (every_cut_varies) return overlap_size(range, have);
   const int g = base.mesh().shape()[static_cast<std::size_t>(next)];
   if ((vary >> next & 1u) == 0) {
     const Range r = chunk_range(range.size, g, coord[next], base.policy());
@@ -357,10 +352,7 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
       const Range r = chunk_range(v[d].size, mesh.shape()[static_cast<std::size_t>(k)], coord[k],
                                   base.policy());
       v[d] = {v[d].start + r.start, r.size};
-      const std::int64_t lo = v[d].start > want.offset[d] ? v[d].start : want.offset[d];
-      const std::int64_t hi_v = v[d].start + v[d].size, hi_w = want.offset[d] + want.shape[d];
-      const std::int64_t hi = hi_v < hi_w ? hi_v : hi_w;
-      inside_d[d] = hi > lo ? hi - lo : 0;
+      inside_d[d] = overlap_size(v[d], {want.offset[d], want.shape[d]});
       tiles_d[d] =
           pieces_overlapping(base, before, k + 1, d, v[d], {want.offset[d], want.shape[d]});
       std::int64_t inside = 1, tiles = 1;
