@@ -518,15 +518,21 @@ constexpr bool partial_exchange_costs(const Layout& base, const Placements& befo
   return true;
 }
 
-// The first round of an exchange from a Partial at `member`, whose part has `n` elements: its
-// partial from every other member of its group (on the mesh dims `dims`).
-constexpr ReceivesByLink first_round_receives(const DeviceMesh& mesh, const MeshCoord& member,
-                                              unsigned dims, std::int64_t n) {
+// The first round of an exchange from a Partial at a member whose part has `n` elements: its
+// partial from every other member of its group (on the mesh dims `dims`). The same at every
+// member: on each of those dims, (size - 1) times the members of the group's dims inside it
+// differ from it first (outermost) there.
+constexpr ReceivesByLink first_round_receives(const DeviceMesh& mesh, unsigned dims,
+                                              std::int64_t n) {
   ReceivesByLink in;
   if (n == 0) return in;
-  for (int j = 0; j < group_size(mesh, dims); ++j) {
-    const MeshCoord m = group_member(mesh, member, dims, j);
-    if (!(m == member)) in.add(outermost_difference(m, member), n);
+  std::int64_t inner = 1;
+  for (int k = mesh.ndim(); k-- > 0;) {
+    if ((dims >> k & 1U) == 0) continue;
+    const std::int64_t others = (mesh.size(k) - 1) * inner;
+    in.elements[k] = n * others;
+    in.messages[k] = others;
+    inner *= mesh.size(k);
   }
   return in;
 }
@@ -592,7 +598,7 @@ constexpr ExchangeCost reducing_exchange_cost(const Layout& base, const Placemen
   const int me = group_index(mesh, coord, dims);
   const std::int64_t own = parts.part_numel(me);
   ExchangeCost out;
-  first_round_receives(mesh, coord, dims, own).price(base, cost, out);
+  first_round_receives(mesh, dims, own).price(base, cost, out);
   out.first_round_us = out.us;
   ReceivesByLink deliver;
   for_each_owner(
@@ -669,26 +675,34 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
     return out;
   }
   const GroupParts parts = own != nullptr ? *own : group_parts(base, before, after, dims, coord);
-  for (int j = 0; j < parts.members; ++j) {
-    const MeshCoord member = group_member(mesh, coord, dims, j);
+  const auto g = static_cast<std::size_t>(parts.members);
+  static_vector<Box, max_reducing_group> wants;
+  for (std::size_t j = 0; j < g; ++j) {
+    const MeshCoord member = group_member(mesh, coord, dims, static_cast<int>(j));
     ExchangeCost e;
-    first_round_receives(mesh, member, dims, parts.part_numel(j)).price(base, cost, e);
+    first_round_receives(mesh, dims, parts.part_numel(static_cast<int>(j)))
+        .price(base, cost, e);
     out.first = e.us > out.first ? e.us : out.first;
-    const Box want = base.local_box(after, member);
-    const std::int64_t in_block = overlap_numel(want, parts.block);
-    // From the group: one message at least from each other member whose part meets `want`.
-    std::int64_t from_group = 0;
-    int owners = 0;
-    for (int i = 0; i < parts.members; ++i) {
+    wants.push_back(base.local_box(after, member));
+  }
+  // From the group: one message at least from each other member whose part meets a member's
+  // target block (each part's boxes found once).
+  static_vector<std::int64_t, max_reducing_group> from_group(g, 0);
+  static_vector<int, max_reducing_group> owners(g, 0);
+  for (std::size_t i = 0; i < g; ++i) {
+    const RunBoxes boxes = parts.part_boxes(static_cast<int>(i));
+    for (std::size_t j = 0; j < g; ++j) {
       if (i == j) continue;
       std::int64_t n = 0;
-      for (const Box& box : parts.part_boxes(i)) n += overlap_numel(want, box);
-      from_group += n;
-      owners += n > 0 ? 1 : 0;
+      for (const Box& box : boxes) n += overlap_numel(wants[j], box);
+      from_group[j] += n;
+      owners[j] += n > 0 ? 1 : 0;
     }
-    const std::int64_t from_others = want.numel() - in_block;
+  }
+  for (std::size_t j = 0; j < g; ++j) {
+    const std::int64_t from_others = wants[j].numel() - overlap_numel(wants[j], parts.block);
     double us = 0;
-    if (from_group > 0) us += inside.time_us(owners, double(from_group) * elem);
+    if (from_group[j] > 0) us += inside.time_us(owners[j], double(from_group[j]) * elem);
     if (from_others > 0) us += any.time_us(1, double(from_others) * elem);
     out.second = us > out.second ? us : out.second;
   }
@@ -799,7 +813,7 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
       const std::int64_t n = parts.part_numel(j);
       out.send[at] = parts.block.numel() - n;
       ExchangeCost e;
-      first_round_receives(mesh, member, dims, n).price(base, cost, e);
+      first_round_receives(mesh, dims, n).price(base, cost, e);
       first = e.us > first ? e.us : first;
       out.recv[at] = e.recv;
     }
