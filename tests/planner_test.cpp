@@ -1029,8 +1029,8 @@ TEST_CASE("the pieces that meet a range are counted as visiting them counts them
           "[planner][bound]") {
   // detail::pieces_overlapping counts the non-empty pieces that the shards of a tensor dim from
   // some mesh dim on cut a range into and that meet another range: by arithmetic where the cuts
-  // are even, by binary search and a closed form for the last cut of more than 8 pieces, by
-  // visiting the pieces otherwise. Checked against visiting every piece.
+  // are even, from the pieces holding the range's ends for the last cut, by visiting the pieces
+  // otherwise. Checked against visiting every piece.
   const DeviceMesh meshes[] = {DeviceMesh({16}), DeviceMesh({12, 2}), DeviceMesh({3, 12}),
                                DeviceMesh({2, 9, 3})};
   int checked = 0;
@@ -1061,13 +1061,68 @@ TEST_CASE("the pieces that meet a range are counted as visiting them counts them
                                lo, lo + size));
               REQUIRE(detail::pieces_overlapping(base, ps, depth, 0, {0, n}, {lo, size}) ==
                       expected);
-              // One cut of the whole dim: counted by the pieces holding its ends.
-              if (depth == m.ndim() - 1)
-                REQUIRE(detail::pieces_meeting_count(n, m.size(depth), policy, lo, lo + size) ==
-                        expected);
+              // One cut of the whole dim: counted by the pieces holding its ends, which are the
+              // span pieces_meeting gives, also for the range clipped to the dim.
+              if (depth == m.ndim() - 1) {
+                const int g = m.size(depth);
+                REQUIRE(detail::pieces_meeting_count(n, g, policy, lo, lo + size) == expected);
+                for (const std::int64_t reach : {std::int64_t{0}, n}) {
+                  const std::int64_t from = lo == 0 ? lo - reach : lo;
+                  const std::int64_t to = lo + size == n ? lo + size + reach : lo + size;
+                  const detail::PieceSpan span = detail::pieces_meeting(n, g, policy, from, to);
+                  REQUIRE(span.last - span.first == expected);
+                  for (int j = span.first; j < span.last; ++j) {
+                    const Range r = chunk_range(n, g, j, policy);
+                    REQUIRE((r.size > 0 && r.start < lo + size && r.start + r.size > lo));
+                  }
+                }
+              }
               ++checked;
             }
       }
+  CHECK(checked > 1000);
+}
+
+TEST_CASE("a box's receives by link class are those of visiting its sources", "[planner]") {
+  // detail::add_source_receives counts, per link class, the elements and the messages of a box
+  // that a rank takes from the source blocks meeting it, as products over tensor dims without
+  // visiting the blocks. Checked against visiting them (for_each_source_of), the rank's own
+  // block left out, on nested and uneven shards of both chunk policies.
+  const DeviceMesh meshes[] = {DeviceMesh({4}), DeviceMesh({2, 3}), DeviceMesh({3, 2, 2}),
+                               DeviceMesh({16, 2})};
+  const char* sources[] = {"S(0)",   "S(1)",           "R",           "S(0),S(0)",  "S(1),S(0)",
+                           "R,S(1)", "S(0),S(0),S(1)", "S(1),R,S(1)", "R,S(0),S(0)"};
+  int checked = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const char* from : sources) {
+      Placements ps = parse_placements(from);
+      if (static_cast<int>(ps.size()) != m.ndim()) continue;
+      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+        for (const Shape& shape : {Shape{8, 12}, Shape{7, 10}, Shape{33, 5}}) {
+          const Layout base(m, ps, shape, DType::f32, policy);
+          for (int i = 0; i < m.size(); ++i) {
+            const MeshCoord coord = m.coordinate_at(i);
+            for (std::int64_t r0 = 0; r0 < shape[0]; r0 += 3)
+              for (std::int64_t c0 = 0; c0 < shape[1]; c0 += 4) {
+                const Box want{{r0, c0}, {(shape[0] - r0 + 1) / 2, shape[1] - c0}};
+                detail::ReceivesByLink counted, visited;
+                detail::add_source_receives(base, ps, want, coord, counted);
+                detail::for_each_source_of(
+                    base, ps, want, coord, [&](const MeshCoord& source, const Box& piece) {
+                      if (!(source == coord))
+                        visited.add(detail::outermost_difference(source, coord), piece.numel());
+                    });
+                INFO(fmt::format("{} {} of {} ({}) at {}: [{}, {}) x [{}, {})", m.shape(), from,
+                                 shape, policy, coord, r0, r0 + want.shape[0], c0, shape[1]));
+                for (int k = 0; k < m.ndim(); ++k) {
+                  REQUIRE(counted.elements[k] == visited.elements[k]);
+                  REQUIRE(counted.messages[k] == visited.messages[k]);
+                }
+                ++checked;
+              }
+          }
+        }
+    }
   CHECK(checked > 1000);
 }
 

@@ -104,35 +104,20 @@ constexpr std::int64_t pieces_meeting_count(std::int64_t n, int g, ChunkPolicy p
   return piece_holding(n, g, policy, hi - 1) - piece_holding(n, g, policy, lo) + 1;
 }
 
-// The pieces [first, last) of `n` elements cut into g (chunk_range) that can meet the relative
-// range [lo, hi): every other piece ends by lo or starts at hi or later. Binary searches, so that
-// a group of many members costs its logarithm, not its size.
+// The non-empty pieces [first, last) of `n` elements cut into g (chunk_range) that meet the
+// relative range [lo, hi) (clipped to [0, n)): consecutive, from the piece holding its first
+// element to the one holding its last (piece_holding), so a group of many members costs what a
+// pair costs.
 struct PieceSpan {
   int first = 0;
   int last = 0;
 };
 constexpr PieceSpan pieces_meeting(std::int64_t n, int g, ChunkPolicy policy, std::int64_t lo,
                                    std::int64_t hi) noexcept {
-  if (g <= 8) return {0, g};  // a few pieces: trying each costs less than searching
-  int a = 0, b = g;           // the first piece that ends after lo (ends never decrease)
-  while (a < b) {
-    const int m = a + (b - a) / 2;
-    const Range r = chunk_range(n, g, m, policy);
-    if (r.start + r.size > lo)
-      b = m;
-    else
-      a = m + 1;
-  }
-  const int first = a;
-  b = g;  // the first piece from there that starts at hi or later
-  while (a < b) {
-    const int m = a + (b - a) / 2;
-    if (chunk_range(n, g, m, policy).start >= hi)
-      b = m;
-    else
-      a = m + 1;
-  }
-  return {first, a};
+  if (lo < 0) lo = 0;
+  if (hi > n) hi = n;
+  if (hi <= lo) return {};
+  return {piece_holding(n, g, policy, lo), piece_holding(n, g, policy, hi - 1) + 1};
 }
 
 // The sources of for_each_source_of from mesh dim `k` on, inside `outer` (the block cut by the
@@ -263,13 +248,8 @@ constexpr std::int64_t pieces_overlapping(const Layout& base, const Placements& 
   const int g = base.mesh().size(next);
   const PieceSpan span = pieces_meeting(range.size, g, base.policy(), want.start - range.start,
                                         want.start + want.size - range.start);
-  // The last cut, its span searched (more than 8 pieces): each non-empty piece of the span
-  // meets the range and counts once, and the empty pieces come last under either policy.
-  if (parts == g && g > 8) {
-    const int nonempty = nonempty_pieces(range.size, g, base.policy());
-    const int last = span.last < nonempty ? span.last : nonempty;
-    return last > span.first ? last - span.first : 0;
-  }
+  // The last cut: each piece of the span meets the range and counts once.
+  if (parts == g) return span.last - span.first;
   for (int j = span.first; j < span.last; ++j) {
     const Range r = chunk_range(range.size, g, j, base.policy());
     count += pieces_overlapping(base, ps, next + 1, d, {range.start + r.start, r.size}, want);
@@ -317,12 +297,76 @@ struct ExchangeCost {
   double first_round_us = 0;  // of `us`, an exchange from a Partial's first round
 };
 
-// An exchange, seen from the rank at `coord` (see for_each_exchange_source). The sources that
-// first differ from it on mesh dim k hold the part of its target block inside box V_k but
-// outside V_(k+1), where V_k is cut by the source's shards of mesh dims before k (V_0 is the
-// tensor, V_n its own block): elements and messages per link class in O(mesh dims). Boxes are
+// A rank's point-to-point receives in one round, by the link class of each message (the
+// outermost mesh dim where sender and receiver differ).
+struct ReceivesByLink {
+  std::int64_t elements[max_mesh_dims] = {};
+  std::int64_t messages[max_mesh_dims] = {};
+
+  constexpr void add(int k, std::int64_t n) {
+    elements[k] += n;
+    ++messages[k];
+  }
+  // Adds the elements to out.recv and their time, one round's, to out.us.
+  constexpr void price(const Layout& base, const CostModel& cost, ExchangeCost& out) const {
+    for (int k = 0; k < base.mesh().ndim(); ++k) {
+      if (elements[k] == 0) continue;
+      out.recv += elements[k];
+      out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages[k]),
+                                     double(elements[k]) * double(base.elem_bytes()));
+    }
+  }
+};
+
+// Adds to `in` what the rank at `coord` receives of `want` from the source blocks (placements
+// `before`) that for_each_source_of visits, one message per block that meets it, without
+// visiting them: the sources that first differ from it on mesh dim k hold the part of `want`
+// inside box V_k but outside V_(k+1), where V_k is cut by the source's shards of mesh dims
+// before k (V_0 is the tensor, V_n its own block, which it does not receive). Boxes are
 // products of ranges, so both counts are products over tensor dims, and a cut by mesh dim k
-// changes one factor. `have` and `want` are the rank's blocks before and after.
+// changes one factor: O(mesh dims) per box.
+constexpr void add_source_receives(const Layout& base, const Placements& before, const Box& want,
+                                   const MeshCoord& coord, ReceivesByLink& in) {
+  if (want.empty()) return;
+  const DeviceMesh& mesh = base.mesh();
+  const int n = mesh.ndim();
+  const int nd = base.tensor_ndim();
+  // Per tensor dim: V_k's range, the part of it inside `want`, and the pieces of it that the
+  // shards of mesh dims from k on cut and that overlap `want`.
+  Range v[max_tensor_dims] = {};
+  std::int64_t inside_d[max_tensor_dims] = {}, tiles_d[max_tensor_dims] = {};
+  std::int64_t inside_prev = want.numel();  // |want ∩ V_0|
+  std::int64_t tiles_prev = 1;
+  for (int d = 0; d < nd; ++d) {
+    v[d] = {0, base.global_shape()[d]};
+    inside_d[d] = want.shape[d];
+    tiles_d[d] = pieces_overlapping(base, before, 0, d, v[d], {want.offset[d], want.shape[d]});
+    tiles_prev *= tiles_d[d];
+  }
+  for (int k = 0; k < n; ++k) {
+    const Placement& p = before[k];
+    if (!p.is_shard()) continue;  // V_(k+1) is V_k: nothing comes from across mesh dim k
+    const int d = p.dim();
+    const Range r =
+        chunk_range(v[d].size, mesh.shape()[static_cast<std::size_t>(k)], coord[k], base.policy());
+    v[d] = {v[d].start + r.start, r.size};
+    inside_d[d] = overlap_size(v[d], {want.offset[d], want.shape[d]});
+    tiles_d[d] = pieces_overlapping(base, before, k + 1, d, v[d], {want.offset[d], want.shape[d]});
+    std::int64_t inside = 1, tiles = 1;
+    for (int e = 0; e < nd; ++e) {
+      inside *= inside_d[e];
+      tiles *= tiles_d[e];
+    }
+    in.elements[k] += inside_prev - inside;
+    in.messages[k] += tiles_prev - tiles;
+    inside_prev = inside;
+    tiles_prev = tiles;
+  }
+}
+
+// An exchange, seen from the rank at `coord` (see for_each_exchange_source): it receives what
+// its target block lacks from its own (add_source_receives). `have` and `want` are the rank's
+// blocks before and after.
 constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& before,
                                      const Placements& after, const MeshCoord& coord,
                                      const Box& have, const Box& want, const CostModel& cost) {
@@ -332,45 +376,9 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   const int nd = base.tensor_ndim();
   for (const std::size_t size : {before.size(), after.size(), coord.size()})
     if (size < static_cast<std::size_t>(n)) fail<why::index_out_of_range>(n - 1, size);
-  if (!want.empty()) {
-    // Per tensor dim: V_k's range, the part of it inside `want`, and the pieces of it that the
-    // shards of mesh dims from k on cut and that overlap `want`.
-    Range v[max_tensor_dims] = {};
-    std::int64_t inside_d[max_tensor_dims] = {}, tiles_d[max_tensor_dims] = {};
-    std::int64_t inside_prev = want.numel();  // |want ∩ V_0|
-    std::int64_t tiles_prev = 1;
-    for (int d = 0; d < nd; ++d) {
-      v[d] = {0, base.global_shape()[d]};
-      inside_d[d] = want.shape[d];
-      tiles_d[d] = pieces_overlapping(base, before, 0, d, v[d], {want.offset[d], want.shape[d]});
-      tiles_prev *= tiles_d[d];
-    }
-    for (int k = 0; k < n; ++k) {
-      const Placement& p = before[k];
-      if (!p.is_shard()) continue;  // V_(k+1) is V_k: nothing comes from across mesh dim k
-      const int d = p.dim();
-      const Range r = chunk_range(v[d].size, mesh.shape()[static_cast<std::size_t>(k)], coord[k],
-                                  base.policy());
-      v[d] = {v[d].start + r.start, r.size};
-      inside_d[d] = overlap_size(v[d], {want.offset[d], want.shape[d]});
-      tiles_d[d] =
-          pieces_overlapping(base, before, k + 1, d, v[d], {want.offset[d], want.shape[d]});
-      std::int64_t inside = 1, tiles = 1;
-      for (int e = 0; e < nd; ++e) {
-        inside *= inside_d[e];
-        tiles *= tiles_d[e];
-      }
-      const std::int64_t elements = inside_prev - inside;
-      const std::int64_t messages = tiles_prev - tiles;
-      if (elements > 0) {
-        out.recv += elements;
-        out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages),
-                                       double(elements) * double(base.elem_bytes()));
-      }
-      inside_prev = inside;
-      tiles_prev = tiles;
-    }
-  }
+  ReceivesByLink in;
+  add_source_receives(base, before, want, coord, in);
+  in.price(base, cost, out);
   // Sends: to every receiver that picks this rank, the part of its block this rank holds. The
   // receivers vary on the source's shard dims; those that do not shard in the target get
   // copies of the same block, the others cut disjoint pieces of each tensor dim.
@@ -414,41 +422,14 @@ constexpr LinkCost fastest_p2p_link(const DeviceMesh& mesh, const CostModel& cos
   return {fastest.latency_us * cost.p2p_latency_factor, fastest.bandwidth_gbs};
 }
 
-// A rank's point-to-point receives in one round, by the link class of each message (the
-// outermost mesh dim where sender and receiver differ).
-struct ReceivesByLink {
-  std::int64_t elements[max_mesh_dims] = {};
-  std::int64_t messages[max_mesh_dims] = {};
-
-  constexpr void add(int k, std::int64_t n) {
-    elements[k] += n;
-    ++messages[k];
-  }
-  // Adds the elements to out.recv and their time, one round's, to out.us.
-  constexpr void price(const Layout& base, const CostModel& cost, ExchangeCost& out) const {
-    for (int k = 0; k < base.mesh().ndim(); ++k) {
-      if (elements[k] == 0) continue;
-      out.recv += elements[k];
-      out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages[k]),
-                                     double(elements[k]) * double(base.elem_bytes()));
-    }
-  }
-};
-
 // The receives of the rank at `receiver` in an exchange into a Partial, given the boxes it
-// receives (owned_part): one message per piece, priced by the link of the outermost mesh dim
-// where the source's coordinates differ from its own (as exchange_cost). f(source, piece) sees
-// each piece.
-template <class F>
+// receives (owned_part): one message per source block that meets one, priced by the link of the
+// outermost mesh dim where the source's coordinates differ from its own (add_source_receives).
 constexpr ExchangeCost partial_receives(const Layout& base, const Placements& before,
                                         const BoxList& received, const MeshCoord& receiver,
-                                        const CostModel& cost, F&& f) {
+                                        const CostModel& cost) {
   ReceivesByLink in;
-  for_each_received_piece(base, before, received, receiver,
-                          [&](const MeshCoord& source, const Box& piece) {
-                            in.add(outermost_difference(source, receiver), piece.numel());
-                            f(source, piece);
-                          });
+  for (const Box& want : received) add_source_receives(base, before, want, receiver, in);
   ExchangeCost out;
   in.price(base, cost, out);
   return out;
@@ -460,8 +441,8 @@ constexpr ExchangeCost partial_receives(const Layout& base, const Placements& be
 constexpr ExchangeCost partial_exchange_cost(const Layout& base, const Placements& before,
                                              const Placements& after, const MeshCoord& coord,
                                              const CostModel& cost, bool sends = true) {
-  ExchangeCost out = partial_receives(base, before, owned_part(base, before, after, coord).received,
-                                      coord, cost, [](const MeshCoord&, const Box&) {});
+  ExchangeCost out =
+      partial_receives(base, before, owned_part(base, before, after, coord).received, coord, cost);
   if (sends)
     for_each_exchange_target(base, before, after, coord,
                              [&](const MeshCoord& receiver, const Box& piece) {
@@ -504,11 +485,12 @@ constexpr bool partial_exchange_costs(const Layout& base, const Placements& befo
       const MeshCoord receiver = group_member(mesh, first, made, j);
       BoxList received;
       if (group.members > 0 && !append_share(group, j, received)) return false;
-      const ExchangeCost mine = partial_receives(base, before, received, receiver, cost,
-                                                 [&](const MeshCoord& source, const Box& piece) {
-                                                   if (sends)
-                                                     out.send[mesh.index(source)] += piece.numel();
-                                                 });
+      const ExchangeCost mine = partial_receives(base, before, received, receiver, cost);
+      if (sends)
+        for_each_received_piece(base, before, received, receiver,
+                                [&](const MeshCoord& source, const Box& piece) {
+                                  out.send[mesh.index(source)] += piece.numel();
+                                });
       const int at = mesh.index(receiver);
       out.recv[at] = mine.recv;
       out.us[at] = mine.us;
@@ -680,8 +662,7 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
   for (std::size_t j = 0; j < g; ++j) {
     const MeshCoord member = group_member(mesh, coord, dims, static_cast<int>(j));
     ExchangeCost e;
-    first_round_receives(mesh, dims, parts.part_numel(static_cast<int>(j)))
-        .price(base, cost, e);
+    first_round_receives(mesh, dims, parts.part_numel(static_cast<int>(j))).price(base, cost, e);
     out.first = e.us > out.first ? e.us : out.first;
     wants.push_back(base.local_box(after, member));
   }
