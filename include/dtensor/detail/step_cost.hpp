@@ -318,15 +318,16 @@ struct ReceivesByLink {
   }
 };
 
-// Adds to `in` what the rank at `coord` receives of `want` from the source blocks (placements
-// `before`) that for_each_source_of visits, one message per block that meets it, without
-// visiting them: the sources that first differ from it on mesh dim k hold the part of `want`
-// inside box V_k but outside V_(k+1), where V_k is cut by the source's shards of mesh dims
-// before k (V_0 is the tensor, V_n its own block, which it does not receive). Boxes are
-// products of ranges, so both counts are products over tensor dims, and a cut by mesh dim k
-// changes one factor: O(mesh dims) per box.
-constexpr void add_source_receives(const Layout& base, const Placements& before, const Box& want,
-                                   const MeshCoord& coord, ReceivesByLink& in) {
+// f(k, elements, messages) for each link class k (mesh dim) over which the rank at `coord`
+// receives some of `want` from the source blocks (placements `before`) that for_each_source_of
+// visits, one message per block that meets it, found without visiting them: the sources that first
+// differ from it on mesh dim k hold the part of `want` inside box V_k but outside V_(k+1), where
+// V_k is cut by the source's shards of mesh dims before k (V_0 is the tensor, V_n its own block,
+// which it does not receive). Boxes are products of ranges, so both counts are products over tensor
+// dims, and a cut by mesh dim k changes one factor: O(mesh dims) per box.
+template <class F>
+constexpr void for_each_source_class(const Layout& base, const Placements& before, const Box& want,
+                                     const MeshCoord& coord, F&& f) {
   if (want.empty()) return;
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim();
@@ -357,16 +358,25 @@ constexpr void add_source_receives(const Layout& base, const Placements& before,
       inside *= inside_d[e];
       tiles *= tiles_d[e];
     }
-    in.elements[k] += inside_prev - inside;
-    in.messages[k] += tiles_prev - tiles;
+    if (inside_prev > inside) f(k, inside_prev - inside, tiles_prev - tiles);
     inside_prev = inside;
     tiles_prev = tiles;
   }
 }
 
+// Adds to `in` the receives for_each_source_class finds.
+constexpr void add_source_receives(const Layout& base, const Placements& before, const Box& want,
+                                   const MeshCoord& coord, ReceivesByLink& in) {
+  for_each_source_class(base, before, want, coord,
+                        [&](int k, std::int64_t elements, std::int64_t messages) {
+                          in.elements[k] += elements;
+                          in.messages[k] += messages;
+                        });
+}
+
 // An exchange, seen from the rank at `coord` (see for_each_exchange_source): it receives what
-// its target block lacks from its own (add_source_receives). `have` and `want` are the rank's
-// blocks before and after.
+// its target block lacks from its own (for_each_source_class), each link class in one round.
+// `have` and `want` are the rank's blocks before and after.
 constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& before,
                                      const Placements& after, const MeshCoord& coord,
                                      const Box& have, const Box& want, const CostModel& cost) {
@@ -376,9 +386,12 @@ constexpr ExchangeCost exchange_cost(const Layout& base, const Placements& befor
   const int nd = base.tensor_ndim();
   for (const std::size_t size : {before.size(), after.size(), coord.size()})
     if (size < static_cast<std::size_t>(n)) fail<why::index_out_of_range>(n - 1, size);
-  ReceivesByLink in;
-  add_source_receives(base, before, want, coord, in);
-  in.price(base, cost, out);
+  for_each_source_class(
+      base, before, want, coord, [&](int k, std::int64_t elements, std::int64_t messages) {
+        out.recv += elements;
+        out.us += cost.dims[k].time_us(cost.p2p_latency_factor * double(messages),
+                                       double(elements) * double(base.elem_bytes()));
+      });
   // Sends: to every receiver that picks this rank, the part of its block this rank holds. The
   // receivers vary on the source's shard dims; those that do not shard in the target get
   // copies of the same block, the others cut disjoint pieces of each tensor dim.
