@@ -437,10 +437,32 @@ constexpr LinkCost fastest_p2p_link(const DeviceMesh& mesh, const CostModel& cos
 
 // The receives of the rank at `receiver` in an exchange into a Partial, given the boxes it
 // receives (owned_part): one message per source block that meets one, priced by the link of the
-// outermost mesh dim where the source's coordinates differ from its own (add_source_receives).
+// outermost mesh dim where the source's coordinates differ from its own. f(source, piece) sees
+// each piece (for_each_received_piece).
+template <class F>
+constexpr ExchangeCost partial_receives(const Layout& base, const Placements& before,
+                                        const BoxList& received, const MeshCoord& receiver,
+                                        const CostModel& cost, F&& f) {
+  ReceivesByLink in;
+  for_each_received_piece(base, before, received, receiver,
+                          [&](const MeshCoord& source, const Box& piece) {
+                            in.add(outermost_difference(source, receiver), piece.numel());
+                            f(source, piece);
+                          });
+  ExchangeCost out;
+  in.price(base, cost, out);
+  return out;
+}
+
+// The same without seeing the pieces: on more than 8 ranks counted per box without visiting the
+// blocks (add_source_receives); on fewer, where a box meets a few blocks, visiting them costs
+// less.
 constexpr ExchangeCost partial_receives(const Layout& base, const Placements& before,
                                         const BoxList& received, const MeshCoord& receiver,
                                         const CostModel& cost) {
+  if (base.mesh().size() <= 8)
+    return partial_receives(base, before, received, receiver, cost,
+                            [](const MeshCoord&, const Box&) {});
   ReceivesByLink in;
   for (const Box& want : received) add_source_receives(base, before, want, receiver, in);
   ExchangeCost out;
@@ -498,12 +520,13 @@ constexpr bool partial_exchange_costs(const Layout& base, const Placements& befo
       const MeshCoord receiver = group_member(mesh, first, made, j);
       BoxList received;
       if (group.members > 0 && !append_share(group, j, received)) return false;
-      const ExchangeCost mine = partial_receives(base, before, received, receiver, cost);
-      if (sends)
-        for_each_received_piece(base, before, received, receiver,
-                                [&](const MeshCoord& source, const Box& piece) {
-                                  out.send[mesh.index(source)] += piece.numel();
-                                });
+      // With the sends, the pieces are visited anyway: the receives are counted on the way.
+      const ExchangeCost mine =
+          sends ? partial_receives(base, before, received, receiver, cost,
+                                   [&](const MeshCoord& source, const Box& piece) {
+                                     out.send[mesh.index(source)] += piece.numel();
+                                   })
+                : partial_receives(base, before, received, receiver, cost);
       const int at = mesh.index(receiver);
       out.recv[at] = mine.recv;
       out.us[at] = mine.us;
