@@ -18,8 +18,8 @@
 namespace dtensor::detail {
 
 // The most ranks on which an exchange into or from a Partial is planned: costing it keeps every
-// rank's figures (each group's decomposition is found once, and each rank's receives visit only
-// the blocks that meet them).
+// rank's figures (each group's decomposition is found once, and each rank's receives are counted
+// from the blocks that meet them, without visiting them on more than 8 ranks).
 inline constexpr int max_partial_exchange_ranks = 1024;
 
 // The most boxes a member's part may take (held and received together); a redistribution whose
