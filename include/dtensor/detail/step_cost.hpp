@@ -495,8 +495,8 @@ struct RankExchangeCosts {
 };
 
 // As partial_exchange_cost, for every rank at once: each group's unheld boxes found once
-// (group_unheld), each rank's pieces visited once (for_each_source_of) and, with `sends`,
-// counted on both ends (sends 0 without). False when the mesh has more than
+// (group_unheld), each rank's receives counted once (partial_receives) and, with `sends`, its
+// pieces visited once and counted on both ends (sends 0 without). False when the mesh has more than
 // max_partial_exchange_ranks ranks or some part does not fit owned_part's boxes, and as soon as a
 // rank is known to take more than `us_limit` or to receive more than `recv_limit` elements (a
 // plan with it cannot win).
