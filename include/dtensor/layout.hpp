@@ -80,12 +80,9 @@ struct Box {
 constexpr std::int64_t overlap_numel(const Box& a, const Box& b) noexcept {
   std::int64_t n = 1;
   for (std::size_t d = 0; d < a.shape.size(); ++d) {
-    const std::int64_t lo = a.offset[d] > b.offset[d] ? a.offset[d] : b.offset[d];
-    const std::int64_t ha = a.offset[d] + a.shape[d];
-    const std::int64_t hb = b.offset[d] + b.shape[d];
-    const std::int64_t hi = ha < hb ? ha : hb;
-    if (hi <= lo) return 0;
-    n *= hi - lo;
+    const std::int64_t shared = overlap_size({a.offset[d], a.shape[d]}, {b.offset[d], b.shape[d]});
+    if (shared == 0) return 0;
+    n *= shared;
   }
   return n;
 }
