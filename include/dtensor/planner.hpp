@@ -1397,9 +1397,12 @@ struct plan_builder {
     const Layout& base = plan.src_;
     const Placements& at = reduction->before;
     const int k = reduction->mesh_dim, g = base.mesh().size(k);
-    // A Replicate mesh dim beside it would let its replicas split the reduction.
-    for (int j = 0; j < base.mesh().ndim(); ++j)
-      if (j != k && !at[j].is_shard() && base.mesh().size(j) > 1) return false;
+    // A Replicate mesh dim beside it would let its replicas split the reduction, except in a
+    // group of two: there every rank must receive something of the other part for each element
+    // it keeps, which the reduction's messages are.
+    if (g > 2)
+      for (int j = 0; j < base.mesh().ndim(); ++j)
+        if (j != k && !at[j].is_shard() && base.mesh().size(j) > 1) return false;
     const bool ends = ends_even && at == a && reduction->after == plan.dst_.placements();
     return a[k].is_partial() && (ends || (is_even(base, at) && is_even(base, reduction->after))) &&
            base.local_box(at, MeshCoord(static_cast<std::size_t>(base.mesh().ndim()), 0)).numel() %
