@@ -835,41 +835,46 @@ TEST_CASE("one step between even layouts is built as the general builder builds 
   CHECK(refused > 100);  // uneven layouts, mesh dims of one rank, changes of a Partial's op
 }
 
-TEST_CASE("a reduction in a group of two meets the bound beside replicas", "[planner][bound]") {
+TEST_CASE("a reduction in a group of two meets the bound, beside replicas, uneven or padded",
+          "[planner][bound]") {
   // Of a group of two, each rank must receive something of the other part for every element
-  // it keeps, whatever its replicas do: the reduce-scatter or all-reduce moves exactly that, and
+  // it keeps, whatever its replicas do: the reduce-scatter or all-reduce moves exactly that
+  // (padded, its group's largest piece, which that piece's holder receives all the same), and
   // the planner takes it as meeting the bound without computing it (plan_builder::meets_bound).
-  // The bound it reports must be the bound all the same, on meshes where a Replicate mesh dim
-  // sits beside the group.
+  // The bound it reports must be the bound all the same.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({2, 3}),   DeviceMesh({3, 2}),    DeviceMesh({2, 8}),
                                DeviceMesh({4, 2}),   DeviceMesh({2, 2, 3}), DeviceMesh({2, 4, 2}),
                                DeviceMesh({2, 2, 2})};
-  int beside_replicas = 0;
+  const PlanOptions variants[] = {{.objective = Objective::time},
+                                  {.objective = Objective::bytes},
+                                  {.padding = Padding::always}};
+  int beside_replicas = 0, uneven = 0, padded = 0;
   for (const DeviceMesh& m : meshes)
-    for (const Shape& shape : {Shape{48, 24}, Shape{24, 96}})
+    for (const Shape& shape : {Shape{48, 24}, Shape{24, 96}, Shape{7, 10}, Shape{5, 3}})
       testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
         const Layout src(m, a, shape), dst(m, b, shape);
-        for (const Objective objective : {Objective::time, Objective::bytes}) {
-          PlanOptions o;
-          o.objective = objective;
+        for (const PlanOptions& o : variants) {
           const Plan p = plan_redistribute(src, dst, o);
           REQUIRE(p.lower_bound_bytes_recv_max() == lower_bound_bytes_recv_max(src, dst));
           if (p.size() != 1 ||
               (p[0].kind != StepKind::all_reduce && p[0].kind != StepKind::reduce_scatter))
             continue;
-          if (m.size(p[0].mesh_dim) != 2) continue;
+          if (m.size(p[0].mesh_dim) != 2 || has_partial(b)) continue;
+          CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
+          CHECK(detail::plan_builder::meets_bound(p));
           bool replicas = false;
           for (int k = 0; k < m.ndim(); ++k)
             replicas = replicas || (k != p[0].mesh_dim && a[k].is_replicate());
-          if (!replicas || has_partial(b)) continue;
-          CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
-          CHECK(detail::plan_builder::meets_bound(p, true));
-          ++beside_replicas;
+          beside_replicas += replicas ? 1 : 0;
+          uneven += detail::is_even(src, a) && detail::is_even(src, b) ? 0 : 1;
+          padded += p[0].padded ? 1 : 0;
         }
       });
   CHECK(beside_replicas * testing::exhaustive_stride() > 100);
+  CHECK(uneven * testing::exhaustive_stride() > 100);
+  CHECK(padded * testing::exhaustive_stride() > 20);
 }
 
 TEST_CASE("a gather and chunk of one mesh dim between even layouts plans as one all-to-all",

@@ -1367,13 +1367,18 @@ struct plan_builder {
   // between layouts without Partial (each rank receives exactly what its source block lacks of
   // its target block: the group's source blocks tile what its target blocks cover). A plan
   // that is no plan or breaks the memory bound does not.
-  // Or it is one unpadded all-reduce or reduce-scatter of the source's only Partial into a target
-  // without Partial, after local chunks only, with every other mesh dim of more than one rank a
-  // shard when it runs (so that each group reduces a block no other holds), between even layouts,
-  // of a block that splits evenly into the group's pieces: every rank receives the reduction
-  // bound, (g-1)/g of its block to merge each element and, for the all-reduce, as much again to
-  // spread it. `ends_even`: the plan's source and target layouts are known to be even (then
-  // they are not checked again).
+  // Or it is one all-reduce or reduce-scatter of the source's only Partial into a target without
+  // Partial, after local chunks only, and either
+  // - its group has two members: every rank must receive something of the other part for each
+  //   element it keeps, and the reduction's messages are that (a padded piece is its group's
+  //   largest, which that piece's holder receives all the same); or
+  // - unpadded, with every other mesh dim of more than one rank a shard when it runs (so that
+  //   each group reduces a block no other holds; replicas could split it), between even layouts,
+  //   of a block that splits evenly into the group's pieces: every rank receives the reduction
+  //   bound, (g-1)/g of its block to merge each element and, for the all-reduce, as much again
+  //   to spread it.
+  // `ends_even`: the plan's source and target layouts are known to be even (then they are not
+  // checked again).
   static constexpr bool meets_bound(const Plan& plan, bool ends_even = false) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
@@ -1384,11 +1389,12 @@ struct plan_builder {
     if (has_partial(plan.dst_.placements()) || partials > 1) return false;
     for (const Step& s : plan.steps_) {
       if (s.kind == StepKind::identity) continue;
-      if (s.padded || reduction != nullptr) return false;  // nothing after the reduction
+      if (reduction != nullptr) return false;  // nothing after the reduction
       if (s.kind == StepKind::all_reduce || s.kind == StepKind::reduce_scatter)
         reduction = &s;
-      else if (partials > 0 ? s.kind != StepKind::chunk
-                            : s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all)
+      else if (s.padded ||
+               (partials > 0 ? s.kind != StepKind::chunk
+                             : s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all))
         return false;
       moving += moves_data(s.kind) ? 1 : 0;
     }
@@ -1397,14 +1403,13 @@ struct plan_builder {
     const Layout& base = plan.src_;
     const Placements& at = reduction->before;
     const int k = reduction->mesh_dim, g = base.mesh().size(k);
-    // A Replicate mesh dim beside it would let its replicas split the reduction, except in a
-    // group of two: there every rank must receive something of the other part for each element
-    // it keeps, which the reduction's messages are.
-    if (g > 2)
-      for (int j = 0; j < base.mesh().ndim(); ++j)
-        if (j != k && !at[j].is_shard() && base.mesh().size(j) > 1) return false;
+    if (!a[k].is_partial()) return false;
+    if (g == 2) return true;
+    if (reduction->padded) return false;
+    for (int j = 0; j < base.mesh().ndim(); ++j)
+      if (j != k && !at[j].is_shard() && base.mesh().size(j) > 1) return false;
     const bool ends = ends_even && at == a && reduction->after == plan.dst_.placements();
-    return a[k].is_partial() && (ends || (is_even(base, at) && is_even(base, reduction->after))) &&
+    return (ends || (is_even(base, at) && is_even(base, reduction->after))) &&
            base.local_box(at, MeshCoord(static_cast<std::size_t>(base.mesh().ndim()), 0)).numel() %
                    g ==
                0;
