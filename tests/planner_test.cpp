@@ -835,13 +835,16 @@ TEST_CASE("one step between even layouts is built as the general builder builds 
   CHECK(refused > 100);  // uneven layouts, mesh dims of one rank, changes of a Partial's op
 }
 
-TEST_CASE("a reduction in a group of two meets the bound, beside replicas, uneven or padded",
+TEST_CASE("plans that meet the bound by their form: reductions in groups of two, reduce-scatters",
           "[planner][bound]") {
-  // Of a group of two, each rank must receive something of the other part for every element
-  // it keeps, whatever its replicas do: the reduce-scatter or all-reduce moves exactly that
-  // (padded, its group's largest piece, which that piece's holder receives all the same), and
-  // the planner takes it as meeting the bound without computing it (plan_builder::meets_bound).
-  // The bound it reports must be the bound all the same.
+  // The planner takes a first plan as meeting the bound by its form, without computing the
+  // bound (plan_builder::meets_bound). Of a group of two, each rank must receive something of
+  // the other part for every element it keeps, whatever its replicas do: one reduce-scatter or
+  // all-reduce moves exactly that, even between uneven layouts and padded (its group's largest
+  // piece, which that piece's holder receives all the same). Several Partials reduce-scattered
+  // one after the other between even layouts, with no replicas, give every rank (G-1)/G of its
+  // block. Wherever meets_bound says so, the plan must move exactly the bound, and the bound the
+  // planner reports must be the bound.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({2, 3}),   DeviceMesh({3, 2}),    DeviceMesh({2, 8}),
@@ -850,31 +853,42 @@ TEST_CASE("a reduction in a group of two meets the bound, beside replicas, uneve
   const PlanOptions variants[] = {{.objective = Objective::time},
                                   {.objective = Objective::bytes},
                                   {.padding = Padding::always}};
-  int beside_replicas = 0, uneven = 0, padded = 0;
+  int beside_replicas = 0, uneven = 0, padded = 0, scatters = 0, refused = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : {Shape{48, 24}, Shape{24, 96}, Shape{7, 10}, Shape{5, 3}})
       testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
         const Layout src(m, a, shape), dst(m, b, shape);
         for (const PlanOptions& o : variants) {
           const Plan p = plan_redistribute(src, dst, o);
-          REQUIRE(p.lower_bound_bytes_recv_max() == lower_bound_bytes_recv_max(src, dst));
-          if (p.size() != 1 ||
-              (p[0].kind != StepKind::all_reduce && p[0].kind != StepKind::reduce_scatter))
+          const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
+          REQUIRE(p.lower_bound_bytes_recv_max() == bound);
+          const bool reduces = !p.empty() && has_partial(a) && !has_partial(b);
+          if (!detail::plan_builder::meets_bound(p)) {
+            refused += reduces && p.bytes_recv_max() > bound ? 1 : 0;
             continue;
-          if (m.size(p[0].mesh_dim) != 2 || has_partial(b)) continue;
-          CHECK(p.bytes_recv_max() == p.lower_bound_bytes_recv_max());
-          CHECK(detail::plan_builder::meets_bound(p));
-          bool replicas = false;
-          for (int k = 0; k < m.ndim(); ++k)
-            replicas = replicas || (k != p[0].mesh_dim && a[k].is_replicate());
+          }
+          CHECK(p.bytes_recv_max() == bound);
+          if (!reduces) continue;
+          int reductions = 0;
+          bool replicas = false, pads = false;
+          for (const Step& s : p) {
+            if (s.kind != StepKind::all_reduce && s.kind != StepKind::reduce_scatter) continue;
+            ++reductions;
+            pads = pads || s.padded;
+            for (int k = 0; k < m.ndim(); ++k)
+              replicas = replicas || (k != s.mesh_dim && s.before[k].is_replicate());
+          }
           beside_replicas += replicas ? 1 : 0;
           uneven += detail::is_even(src, a) && detail::is_even(src, b) ? 0 : 1;
-          padded += p[0].padded ? 1 : 0;
+          padded += pads ? 1 : 0;
+          scatters += reductions > 1 ? 1 : 0;
         }
       });
   CHECK(beside_replicas * testing::exhaustive_stride() > 100);
   CHECK(uneven * testing::exhaustive_stride() > 100);
   CHECK(padded * testing::exhaustive_stride() > 20);
+  CHECK(scatters * testing::exhaustive_stride() > 20);
+  CHECK(refused * testing::exhaustive_stride() > 100);  // groups of more, replicas beside
 }
 
 TEST_CASE("a gather and chunk of one mesh dim between even layouts plans as one all-to-all",

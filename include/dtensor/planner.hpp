@@ -1367,52 +1367,64 @@ struct plan_builder {
   // between layouts without Partial (each rank receives exactly what its source block lacks of
   // its target block: the group's source blocks tile what its target blocks cover). A plan
   // that is no plan or breaks the memory bound does not.
-  // Or it is one all-reduce or reduce-scatter of the source's only Partial into a target without
-  // Partial, after local chunks only, and either
-  // - its group has two members: every rank must receive something of the other part for each
-  //   element it keeps, and the reduction's messages are that (a padded piece is its group's
-  //   largest, which that piece's holder receives all the same); or
-  // - unpadded, with every other mesh dim of more than one rank a shard when it runs (so that
-  //   each group reduces a block no other holds; replicas could split it), between even layouts,
-  //   of a block that splits evenly into the group's pieces: every rank receives the reduction
-  //   bound, (g-1)/g of its block to merge each element and, for the all-reduce, as much again
-  //   to spread it.
+  // Or it reduces the source's Partials into a target without Partial, after local chunks only,
+  // and either
+  // - it is one all-reduce or reduce-scatter in a group of two members: every rank must receive
+  //   something of the other part for each element it keeps, and the reduction's messages are
+  //   that (a padded piece is its group's largest, which that piece's holder receives all the
+  //   same); or
+  // - it is one unpadded all-reduce or reduce-scatter per source Partial, reduce-scatters only
+  //   where there are several, with every other mesh dim of more than one rank a shard when they
+  //   run (so that each group reduces a block no other holds; replicas could split it), between
+  //   even layouts, of blocks that split evenly into the groups' pieces: every rank receives the
+  //   reduction bound, (G-1)/G of its first block for the G parts of each element and, for the
+  //   all-reduce, as much again to spread it.
   // `ends_even`: the plan's source and target layouts are known to be even (then they are not
   // checked again).
   static constexpr bool meets_bound(const Plan& plan, bool ends_even = false) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
     const Placements& a = plan.src_.placements();
-    int moving = 0, partials = 0;
-    const Step* reduction = nullptr;
+    int moving = 0, partials = 0, reductions = 0;
+    bool scatters = true;
+    const Step* first = nullptr;  // the first reduction
     for (const Placement& p : a) partials += p.is_partial() ? 1 : 0;
-    if (has_partial(plan.dst_.placements()) || partials > 1) return false;
+    if (has_partial(plan.dst_.placements())) return false;
     for (const Step& s : plan.steps_) {
       if (s.kind == StepKind::identity) continue;
-      if (reduction != nullptr) return false;  // nothing after the reduction
-      if (s.kind == StepKind::all_reduce || s.kind == StepKind::reduce_scatter)
-        reduction = &s;
-      else if (s.padded ||
-               (partials > 0 ? s.kind != StepKind::chunk
-                             : s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all))
-        return false;
+      if (s.kind == StepKind::all_reduce || s.kind == StepKind::reduce_scatter) {
+        if (!s.before[s.mesh_dim].is_partial()) return false;
+        first = first == nullptr ? &s : first;
+        ++reductions;
+        scatters = scatters && s.kind == StepKind::reduce_scatter;
+      } else if (first != nullptr || s.padded ||
+                 (partials > 0
+                      ? s.kind != StepKind::chunk
+                      : s.kind != StepKind::all_gather && s.kind != StepKind::all_to_all)) {
+        return false;  // nothing but reductions after the first
+      }
       moving += moves_data(s.kind) ? 1 : 0;
     }
-    if (moving != 1) return false;
-    if (reduction == nullptr) return partials == 0;
+    if (partials == 0) return moving == 1;
+    if (reductions != partials || moving != reductions || (reductions > 1 && !scatters))
+      return false;
     const Layout& base = plan.src_;
-    const Placements& at = reduction->before;
-    const int k = reduction->mesh_dim, g = base.mesh().size(k);
-    if (!a[k].is_partial()) return false;
-    if (g == 2) return true;
-    if (reduction->padded) return false;
-    for (int j = 0; j < base.mesh().ndim(); ++j)
-      if (j != k && !at[j].is_shard() && base.mesh().size(j) > 1) return false;
-    const bool ends = ends_even && at == a && reduction->after == plan.dst_.placements();
-    return (ends || (is_even(base, at) && is_even(base, reduction->after))) &&
-           base.local_box(at, MeshCoord(static_cast<std::size_t>(base.mesh().ndim()), 0)).numel() %
-                   g ==
-               0;
+    const DeviceMesh& mesh = base.mesh();
+    if (reductions == 1 && mesh.size(first->mesh_dim) == 2) return true;
+    const Placements& at = first->before;
+    for (int j = 0; j < mesh.ndim(); ++j)
+      if (!a[j].is_partial() && !at[j].is_shard() && mesh.size(j) > 1) return false;
+    const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+    const bool ends =
+        ends_even && reductions == 1 && at == a && first->after == plan.dst_.placements();
+    if (!ends && !is_even(base, at)) return false;
+    for (const Step& s : plan.steps_) {
+      if (s.kind != StepKind::all_reduce && s.kind != StepKind::reduce_scatter) continue;
+      if (s.padded || (!ends && !is_even(base, s.after)) ||
+          base.local_box(s.before, origin).numel() % mesh.size(s.mesh_dim) != 0)
+        return false;
+    }
+    return true;
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
