@@ -843,8 +843,8 @@ TEST_CASE("plans that meet the bound by their form: reductions in groups of two,
   // all-reduce moves exactly that, even between uneven layouts and padded (its group's largest
   // piece, which that piece's holder receives all the same). Several Partials reduce-scattered
   // one after the other between even layouts, with no replicas, give every rank (G-1)/G of its
-  // block. Wherever meets_bound says so, the plan must move exactly the bound, and the bound the
-  // planner reports must be the bound.
+  // block, and so does one where the target keeps another Partial. Wherever meets_bound says so,
+  // the plan must move exactly the bound, and the bound the planner reports must be the bound.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({2, 3}),   DeviceMesh({3, 2}),    DeviceMesh({2, 8}),
@@ -853,7 +853,7 @@ TEST_CASE("plans that meet the bound by their form: reductions in groups of two,
   const PlanOptions variants[] = {{.objective = Objective::time},
                                   {.objective = Objective::bytes},
                                   {.padding = Padding::always}};
-  int beside_replicas = 0, uneven = 0, padded = 0, scatters = 0, refused = 0;
+  int beside_replicas = 0, uneven = 0, padded = 0, scatters = 0, kept = 0, refused = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : {Shape{48, 24}, Shape{24, 96}, Shape{7, 10}, Shape{5, 3}})
       testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
@@ -862,7 +862,11 @@ TEST_CASE("plans that meet the bound by their form: reductions in groups of two,
           const Plan p = plan_redistribute(src, dst, o);
           const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
           REQUIRE(p.lower_bound_bytes_recv_max() == bound);
-          const bool reduces = !p.empty() && has_partial(a) && !has_partial(b);
+          bool reduces = false, keeps = false;
+          for (int k = 0; k < m.ndim(); ++k) {
+            reduces = reduces || (a[k].is_partial() && !b[k].is_partial());
+            keeps = keeps || b[k].is_partial();
+          }
           if (!detail::plan_builder::meets_bound(p)) {
             refused += reduces && p.bytes_recv_max() > bound ? 1 : 0;
             continue;
@@ -882,12 +886,14 @@ TEST_CASE("plans that meet the bound by their form: reductions in groups of two,
           uneven += detail::is_even(src, a) && detail::is_even(src, b) ? 0 : 1;
           padded += pads ? 1 : 0;
           scatters += reductions > 1 ? 1 : 0;
+          kept += keeps ? 1 : 0;
         }
       });
   CHECK(beside_replicas * testing::exhaustive_stride() > 100);
   CHECK(uneven * testing::exhaustive_stride() > 100);
   CHECK(padded * testing::exhaustive_stride() > 20);
   CHECK(scatters * testing::exhaustive_stride() > 20);
+  CHECK(kept * testing::exhaustive_stride() > 20);
   CHECK(refused * testing::exhaustive_stride() > 100);  // groups of more, replicas beside
 }
 

@@ -1367,29 +1367,35 @@ struct plan_builder {
   // between layouts without Partial (each rank receives exactly what its source block lacks of
   // its target block: the group's source blocks tile what its target blocks cover). A plan
   // that is no plan or breaks the memory bound does not.
-  // Or it reduces the source's Partials into a target without Partial, after local chunks only,
-  // and either
-  // - it is one all-reduce or reduce-scatter in a group of two members: every rank must receive
-  //   something of the other part for each element it keeps, and the reduction's messages are
-  //   that (a padded piece is its group's largest, which that piece's holder receives all the
-  //   same); or
-  // - it is one unpadded all-reduce or reduce-scatter per source Partial, reduce-scatters only
-  //   where there are several, with every other mesh dim of more than one rank a shard when they
-  //   run (so that each group reduces a block no other holds; replicas could split it), between
-  //   even layouts, of blocks that split evenly into the groups' pieces: every rank receives the
+  // Or it reduces the source's Partials that the target does not keep, after local chunks only,
+  // the target making no Partial, and either
+  // - it is one all-reduce or reduce-scatter in a group of two members, and the target keeps no
+  //   Partial: every rank must receive something of the other part for each element it keeps,
+  //   and the reduction's messages are that (a padded piece is its group's largest, which that
+  //   piece's holder receives all the same); or
+  // - it is one unpadded all-reduce or reduce-scatter per reduced Partial, reduce-scatters only
+  //   where there are several or (all-reduces in groups of two aside) where the target keeps a
+  //   Partial, with every other mesh dim of more than one rank a shard when they run (so that
+  //   each group reduces a block no other holds; replicas could split it), between even
+  //   layouts, of blocks that split evenly into the groups' pieces: every rank receives the
   //   reduction bound, (G-1)/G of its first block for the G parts of each element and, for the
-  //   all-reduce, as much again to spread it.
+  //   all-reduce, as much again to spread it (with C kept classes, C G + G - 2 receives of each
+  //   element over C G ranks: 2 (G-1) / G per rank only where G is 2).
   // `ends_even`: the plan's source and target layouts are known to be even (then they are not
   // checked again).
   static constexpr bool meets_bound(const Plan& plan, bool ends_even = false) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
     const Placements& a = plan.src_.placements();
-    int moving = 0, partials = 0, reductions = 0;
+    const Placements& b = plan.dst_.placements();
+    int moving = 0, partials = 0, kept = 0, reductions = 0;  // the Partials reduced, and kept
     bool scatters = true;
     const Step* first = nullptr;  // the first reduction
-    for (const Placement& p : a) partials += p.is_partial() ? 1 : 0;
-    if (has_partial(plan.dst_.placements())) return false;
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      if (b[k].is_partial() && !(a[k] == b[k])) return false;
+      kept += b[k].is_partial() ? 1 : 0;
+      partials += a[k].is_partial() && !b[k].is_partial() ? 1 : 0;
+    }
     for (const Step& s : plan.steps_) {
       if (s.kind == StepKind::identity) continue;
       if (s.kind == StepKind::all_reduce || s.kind == StepKind::reduce_scatter) {
@@ -1405,12 +1411,13 @@ struct plan_builder {
       }
       moving += moves_data(s.kind) ? 1 : 0;
     }
-    if (partials == 0) return moving == 1;
+    if (partials == 0) return kept == 0 && moving == 1;
     if (reductions != partials || moving != reductions || (reductions > 1 && !scatters))
       return false;
     const Layout& base = plan.src_;
     const DeviceMesh& mesh = base.mesh();
-    if (reductions == 1 && mesh.size(first->mesh_dim) == 2) return true;
+    if (reductions == 1 && mesh.size(first->mesh_dim) == 2 && kept == 0) return true;
+    if (kept > 0 && !scatters && mesh.size(first->mesh_dim) != 2) return false;
     const Placements& at = first->before;
     for (int j = 0; j < mesh.ndim(); ++j)
       if (!a[j].is_partial() && !at[j].is_shard() && mesh.size(j) > 1) return false;
