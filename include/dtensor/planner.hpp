@@ -1363,10 +1363,11 @@ struct plan_builder {
   }
 
   // Whether the plan moves no more than the lower bound whatever it is, by its form: it moves
-  // nothing, or its one step that is not an identity is an unpadded all-gather or all-to-all
-  // between layouts without Partial (each rank receives exactly what its source block lacks of
-  // its target block: the group's source blocks tile what its target blocks cover). A plan
-  // that is no plan or breaks the memory bound does not.
+  // nothing, or between layouts without Partial its one step that is not an identity is an
+  // unpadded all-gather or all-to-all, or its steps are unpadded all-gathers (each rank receives
+  // exactly what its source block lacks of its target block: the group's source blocks tile what
+  // its target blocks cover, and a gather keeps all it had). A plan that is no plan or breaks the
+  // memory bound does not.
   // Or it reduces the source's Partials that the target does not keep, after local chunks only,
   // the target making no Partial, and either
   // - it is one all-reduce or reduce-scatter in a group of two members, and the target keeps no
@@ -1388,7 +1389,7 @@ struct plan_builder {
     if (plan.bytes_recv_max_ == 0) return true;
     const Placements& a = plan.src_.placements();
     const Placements& b = plan.dst_.placements();
-    int moving = 0, partials = 0, kept = 0, reductions = 0;  // the Partials reduced, and kept
+    int moving = 0, gathers = 0, partials = 0, kept = 0, reductions = 0;  // Partials reduced, kept
     bool scatters = true;
     const Step* first = nullptr;  // the first reduction
     for (std::size_t k = 0; k < a.size(); ++k) {
@@ -1410,8 +1411,9 @@ struct plan_builder {
         return false;  // nothing but reductions after the first
       }
       moving += moves_data(s.kind) ? 1 : 0;
+      gathers += s.kind == StepKind::all_gather ? 1 : 0;
     }
-    if (partials == 0) return kept == 0 && moving == 1;
+    if (partials == 0) return kept == 0 && (moving == 1 || gathers == moving);
     if (reductions != partials || moving != reductions || (reductions > 1 && !scatters))
       return false;
     const Layout& base = plan.src_;
