@@ -1427,13 +1427,11 @@ struct plan_builder {
     const bool ends =
         ends_even && reductions == 1 && at == a && first->after == plan.dst_.placements();
     if (!ends && !is_even(base, at)) return false;
-    for (const Step& s : plan.steps_) {
-      if (s.kind != StepKind::all_reduce && s.kind != StepKind::reduce_scatter) continue;
-      if (s.padded || (!ends && !is_even(base, s.after)) ||
-          base.local_box(s.before, origin).numel() % mesh.size(s.mesh_dim) != 0)
-        return false;
-    }
-    return true;
+    return std::ranges::all_of(plan.steps_, [&](const Step& s) {
+      return (s.kind != StepKind::all_reduce && s.kind != StepKind::reduce_scatter) ||
+             (!s.padded && (ends || is_even(base, s.after)) &&
+              base.local_box(s.before, origin).numel() % mesh.size(s.mesh_dim) == 0);
+    });
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
