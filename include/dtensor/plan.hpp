@@ -201,6 +201,7 @@ class Plan {
   double est_us_ = 0;
   bool pruned_ = false;  // a candidate the planner stopped costing; never returned
   bool fits_ = true;     // under Memory::bounded: its blocks between steps are within the bound
+  bool even_ = false;    // every layout it passes through is even (set where it is costed)
 };
 
 }  // namespace dtensor

@@ -947,6 +947,7 @@ struct plan_builder {
       s.est_us = out.est_us_ = rc.us;
     }
     out.steps_.push_back(s);
+    out.even_ = true;
     if (options.memory == Memory::bounded) out.fits_ = blocks_within_ends(out);
     return out;
   }
@@ -1069,6 +1070,7 @@ struct plan_builder {
       all_even = all_even && even[i + 1];
       has_exchange |= plan.steps_[i].kind == StepKind::exchange;
     }
+    plan.even_ = all_even;
     const bool pads = pads_steps(o);
     auto may_pad = [&](const Step& s) {
       return moves_data(s.kind) && !all_even && s.kind != StepKind::exchange &&
@@ -1381,10 +1383,9 @@ struct plan_builder {
   //   layouts, of blocks that split evenly into the groups' pieces: every rank receives the
   //   reduction bound, (G-1)/G of its first block for the G parts of each element and, for the
   //   all-reduce, as much again to spread it (with C kept classes, C G + G - 2 receives of each
-  //   element over C G ranks: 2 (G-1) / G per rank only where G is 2).
-  // `ends_even`: the plan's source and target layouts are known to be even (then they are not
-  // checked again).
-  static constexpr bool meets_bound(const Plan& plan, bool ends_even = false) {
+  //   element over C G ranks: 2 (G-1) / G per rank only where G is 2). Whether every layout
+  //   it passes through is even, its costing found (Plan::even_).
+  static constexpr bool meets_bound(const Plan& plan) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
     const Placements& a = plan.src_.placements();
@@ -1420,17 +1421,14 @@ struct plan_builder {
     const DeviceMesh& mesh = base.mesh();
     if (reductions == 1 && mesh.size(first->mesh_dim) == 2 && kept == 0) return true;
     if (kept > 0 && !scatters && mesh.size(first->mesh_dim) != 2) return false;
+    if (!plan.even_) return false;
     const Placements& at = first->before;
     for (int j = 0; j < mesh.ndim(); ++j)
       if (!a[j].is_partial() && !at[j].is_shard() && mesh.size(j) > 1) return false;
     const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
-    const bool ends =
-        ends_even && reductions == 1 && at == a && first->after == plan.dst_.placements();
-    if (!ends && !is_even(base, at)) return false;
     return std::ranges::all_of(plan.steps_, [&](const Step& s) {
       return (s.kind != StepKind::all_reduce && s.kind != StepKind::reduce_scatter) ||
-             (!s.padded && (ends || is_even(base, s.after)) &&
-              base.local_box(s.before, origin).numel() % mesh.size(s.mesh_dim) == 0);
+             (!s.padded && base.local_box(s.before, origin).numel() % mesh.size(s.mesh_dim) == 0);
     });
   }
 
@@ -2027,7 +2025,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
   Plan best = first_even ? detail::plan_builder::build_even_step(src, dst, first, options)
                          : detail::plan_builder::build(src, dst, first, options);
   // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
-  const bool meets = detail::plan_builder::meets_bound(best, first_even);
+  const bool meets = detail::plan_builder::meets_bound(best);
   const detail::LowerBound lb =
       meets ? detail::LowerBound{0, MeshCoord(static_cast<std::size_t>(src.mesh().ndim()), 0)}
             : detail::lower_bound(src, dst);
