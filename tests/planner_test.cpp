@@ -838,14 +838,14 @@ TEST_CASE("one step between even layouts is built as the general builder builds 
 TEST_CASE("plans that meet the bound by their form: gathers, reductions in groups of two, scatters",
           "[planner][bound]") {
   // The planner takes a first plan as meeting the bound by its form, without computing the
-  // bound (plan_builder::meets_bound). All-gathers alone receive what each rank lacks. Of a group
-  // of two, each rank must receive something of the other part for every element it keeps, whatever
-  // its replicas do: one reduce-scatter or all-reduce moves exactly that, even between uneven
-  // layouts and padded (its group's largest piece, which that piece's holder receives all the
-  // same). Several Partials reduce-scattered one after the other between even layouts, with no
-  // replicas, give every rank (G-1)/G of its block, and so does one where the target keeps another
-  // Partial. Wherever meets_bound says so, the plan must move exactly the bound, and the bound the
-  // planner reports must be the bound.
+  // bound (plan_builder::meets_bound). All-gathers alone, after local chunks or not, receive what
+  // each rank lacks. Of a group of two, each rank must receive something of the other part for
+  // every element it keeps, whatever its replicas do: one reduce-scatter or all-reduce moves
+  // exactly that, even between uneven layouts and padded (its group's largest piece, which that
+  // piece's holder receives all the same). Several Partials reduce-scattered one after the other
+  // between even layouts, with no replicas, give every rank (G-1)/G of its block, and so does one
+  // where the target keeps another Partial. Wherever meets_bound says so, the plan must move
+  // exactly the bound, and the bound the planner reports must be the bound.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
   const DeviceMesh meshes[] = {DeviceMesh({2, 3}),   DeviceMesh({3, 2}),    DeviceMesh({2, 8}),
@@ -854,7 +854,8 @@ TEST_CASE("plans that meet the bound by their form: gathers, reductions in group
   const PlanOptions variants[] = {{.objective = Objective::time},
                                   {.objective = Objective::bytes},
                                   {.padding = Padding::always}};
-  int beside_replicas = 0, uneven = 0, padded = 0, scatters = 0, kept = 0, gathers = 0, refused = 0;
+  int beside_replicas = 0, uneven = 0, padded = 0, scatters = 0, kept = 0, gathers = 0;
+  int chunked = 0, refused = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : {Shape{48, 24}, Shape{24, 96}, Shape{7, 10}, Shape{5, 3}})
       testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
@@ -874,6 +875,7 @@ TEST_CASE("plans that meet the bound by their form: gathers, reductions in group
           }
           CHECK(p.bytes_recv_max() == bound);
           gathers += !has_partial(a) && !has_partial(b) && p.communication_steps() > 1 ? 1 : 0;
+          chunked += !has_partial(a) && p.size() > 1 && p[0].kind == StepKind::chunk ? 1 : 0;
           if (!reduces) continue;
           int reductions = 0;
           bool replicas = false, pads = false;
@@ -897,6 +899,7 @@ TEST_CASE("plans that meet the bound by their form: gathers, reductions in group
   CHECK(scatters * testing::exhaustive_stride() > 20);
   CHECK(kept * testing::exhaustive_stride() > 20);
   CHECK(gathers * testing::exhaustive_stride() > 100);
+  CHECK(chunked * testing::exhaustive_stride() > 100);
   CHECK(refused * testing::exhaustive_stride() > 100);  // groups of more, replicas beside
 }
 
