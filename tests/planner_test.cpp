@@ -893,14 +893,18 @@ TEST_CASE("plans that meet the bound by their form: gathers, reductions in group
           kept += keeps ? 1 : 0;
         }
       });
-  CHECK(beside_replicas * testing::exhaustive_stride() > 100);
-  CHECK(uneven * testing::exhaustive_stride() > 100);
-  CHECK(padded * testing::exhaustive_stride() > 20);
-  CHECK(scatters * testing::exhaustive_stride() > 20);
-  CHECK(kept * testing::exhaustive_stride() > 20);
-  CHECK(gathers * testing::exhaustive_stride() > 100);
-  CHECK(chunked * testing::exhaustive_stride() > 100);
-  CHECK(refused * testing::exhaustive_stride() > 100);  // groups of more, replicas beside
+  // Every kind is met only by the whole matrix: a stride of 5 over these 5 options keeps the
+  // targets whose last placement is the first option (the sanitizer run's sampling).
+  if (testing::exhaustive_stride() == 1) {
+    CHECK(beside_replicas > 100);
+    CHECK(uneven > 100);
+    CHECK(padded > 20);
+    CHECK(scatters > 20);
+    CHECK(kept > 20);
+    CHECK(gathers > 100);
+    CHECK(chunked > 100);
+    CHECK(refused > 100);  // groups of more, replicas beside
+  }
 }
 
 TEST_CASE("a gather and chunk of one mesh dim between even layouts plans as one all-to-all",
