@@ -1403,7 +1403,6 @@ struct plan_builder {
     for (const Step& s : plan.steps_) {
       if (s.kind == StepKind::identity) continue;
       if (s.kind == StepKind::all_reduce || s.kind == StepKind::reduce_scatter) {
-        if (!s.before[s.mesh_dim].is_partial()) return false;
         first = first == nullptr ? &s : first;
         ++reductions;
         scatters = scatters && s.kind == StepKind::reduce_scatter;
@@ -2045,13 +2044,13 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
               : chunked_first.empty()
                   ? detail::plan_builder::build(src, dst, first, options)
                   : detail::plan_builder::build(src, dst, chunked_first, options);
-  if (!chunked_first.empty() &&
-      (best.bytes_recv_max() == 0 || !detail::plan_builder::meets_bound(best))) {
+  // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
+  bool meets = detail::plan_builder::meets_bound(best);
+  if (!chunked_first.empty() && (!meets || best.bytes_recv_max() == 0)) {
     chunked_first.clear();
     best = detail::plan_builder::build(src, dst, first, options);
+    meets = detail::plan_builder::meets_bound(best);
   }
-  // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
-  const bool meets = detail::plan_builder::meets_bound(best);
   const detail::LowerBound lb =
       meets ? detail::LowerBound{0, MeshCoord(static_cast<std::size_t>(src.mesh().ndim()), 0)}
             : detail::lower_bound(src, dst);
