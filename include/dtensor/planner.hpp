@@ -2041,9 +2041,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
     if (!detail::transitions_valid(a, chunked_first)) chunked_first.clear();
   }
   Plan best = first_even ? detail::plan_builder::build_even_step(src, dst, first, options)
-              : chunked_first.empty()
-                  ? detail::plan_builder::build(src, dst, first, options)
-                  : detail::plan_builder::build(src, dst, chunked_first, options);
+                         : detail::plan_builder::build(
+                               src, dst, chunked_first.empty() ? first : chunked_first, options);
   // The bound, unless the first plan meets it by construction (then it is that plan's bytes).
   bool meets = detail::plan_builder::meets_bound(best);
   if (!chunked_first.empty() && (!meets || best.bytes_recv_max() == 0)) {
