@@ -842,20 +842,22 @@ TEST_CASE("plans that meet the bound by their form: gathers, reductions in group
   // each rank lacks. Of a group of two, each rank must receive something of the other part for
   // every element it keeps, whatever its replicas do: one reduce-scatter or all-reduce moves
   // exactly that, even between uneven layouts and padded (its group's largest piece, which that
-  // piece's holder receives all the same). Several Partials reduce-scattered one after the other
+  // piece's holder receives all the same). A padded all-gather alone receives the bound where
+  // every piece of the gathered dim but the last is the largest (7 rows over 4, over 3, 10 over
+  // 4; not 5 over 4: 2, 2, 1, 0). Several Partials reduce-scattered one after the other
   // between even layouts, with no replicas, give every rank (G-1)/G of its block, and so does one
   // where the target keeps another Partial. Wherever meets_bound says so, the plan must move
   // exactly the bound, and the bound the planner reports must be the bound.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
                                Partial(ReduceOp::max)};
-  const DeviceMesh meshes[] = {DeviceMesh({2, 3}),   DeviceMesh({3, 2}),    DeviceMesh({2, 8}),
-                               DeviceMesh({4, 2}),   DeviceMesh({2, 2, 3}), DeviceMesh({2, 4, 2}),
-                               DeviceMesh({2, 2, 2})};
+  const DeviceMesh meshes[] = {DeviceMesh({2, 3}),    DeviceMesh({3, 2}),    DeviceMesh({2, 8}),
+                               DeviceMesh({4, 2}),    DeviceMesh({2, 2, 3}), DeviceMesh({2, 4, 2}),
+                               DeviceMesh({2, 2, 2}), DeviceMesh({4}),       DeviceMesh({3})};
   const PlanOptions variants[] = {{.objective = Objective::time},
                                   {.objective = Objective::bytes},
                                   {.padding = Padding::always}};
   int beside_replicas = 0, uneven = 0, padded = 0, scatters = 0, kept = 0, gathers = 0;
-  int chunked = 0, refused = 0;
+  int chunked = 0, refused = 0, padded_gathers = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : {Shape{48, 24}, Shape{24, 96}, Shape{7, 10}, Shape{5, 3}})
       testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
@@ -876,6 +878,11 @@ TEST_CASE("plans that meet the bound by their form: gathers, reductions in group
           CHECK(p.bytes_recv_max() == bound);
           gathers += !has_partial(a) && !has_partial(b) && p.communication_steps() > 1 ? 1 : 0;
           chunked += !has_partial(a) && p.size() > 1 && p[0].kind == StepKind::chunk ? 1 : 0;
+          padded_gathers +=
+              std::ranges::any_of(
+                  p, [](const Step& s) { return s.kind == StepKind::all_gather && s.padded; })
+                  ? 1
+                  : 0;
           if (!reduces) continue;
           int reductions = 0;
           bool replicas = false, pads = false;
@@ -903,6 +910,7 @@ TEST_CASE("plans that meet the bound by their form: gathers, reductions in group
     CHECK(kept > 20);
     CHECK(gathers > 100);
     CHECK(chunked > 100);
+    CHECK(padded_gathers > 20);
     CHECK(refused > 100);  // groups of more, replicas beside
   }
 }

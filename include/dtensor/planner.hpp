@@ -1366,7 +1366,8 @@ struct plan_builder {
 
   // Whether the plan moves no more than the lower bound whatever it is, by its form: it moves
   // nothing, or between layouts without Partial its one step that is not an identity is an
-  // unpadded all-gather or all-to-all, or its steps are local chunks and then unpadded
+  // unpadded all-gather or all-to-all, or a padded all-gather whose padding its busiest rank
+  // lacks anyway (padded_gather_at_bound), or its steps are local chunks and then unpadded
   // all-gathers (each rank receives exactly what its source block lacks of its target block: the
   // group's source blocks tile what its target blocks cover, a gather keeps all it had, and a
   // chunk, the innermost cut of its tensor dim, keeps what the target holds of its block). A plan
@@ -1386,6 +1387,27 @@ struct plan_builder {
   //   all-reduce, as much again to spread it (with C kept classes, C G + G - 2 receives of each
   //   element over C G ranks: 2 (G-1) / G per rank only where G is 2). Whether every layout
   //   it passes through is even, its costing found (Plan::even_).
+  // Whether `s`, a padded all-gather of tensor dim i on mesh dim k, receives on its busiest rank
+  // what the rank holding a group's smallest piece lacks: no other mesh dim of more than one rank
+  // cuts dim i (every group gathers all N of it, and its members differ in that piece only), and
+  // all the pieces of N but its last, the smallest, are the largest ((g-1) largest = N - smallest;
+  // 7 rows over 4: 2, 2, 2, 1), so each group's padded receives, (g-1) largest per element of the
+  // other dims, are its smallest piece holder's lack.
+  static constexpr bool padded_gather_at_bound(const Plan& plan, const Step& s) {
+    if (s.kind != StepKind::all_gather) return false;
+    const Layout& base = plan.src_;
+    const DeviceMesh& mesh = base.mesh();
+    const int k = s.mesh_dim;
+    const int i = s.before[k].dim();
+    for (int j = 0; j < mesh.ndim(); ++j)
+      if (j != k && mesh.size(j) > 1 && (s.before[j].is_shard(i) || s.after[j].is_shard(i)))
+        return false;
+    const int g = mesh.size(k);
+    const std::int64_t n = base.global_shape()[i];
+    return (g - 1) * chunk_range(n, g, 0, base.policy()).size ==
+           n - chunk_range(n, g, g - 1, base.policy()).size;
+  }
+
   static constexpr bool meets_bound(const Plan& plan) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
@@ -1393,7 +1415,7 @@ struct plan_builder {
     const Placements& b = plan.dst_.placements();
     int moving = 0, gathers = 0, chunks = 0, reductions = 0;
     int partials = 0, kept = 0;  // the source's Partials the target does not keep, and keeps
-    bool scatters = true;
+    bool scatters = true, padded = false;
     const Step* first = nullptr;  // the first reduction
     for (std::size_t k = 0; k < a.size(); ++k) {
       if (b[k].is_partial() && !(a[k] == b[k])) return false;
@@ -1406,7 +1428,7 @@ struct plan_builder {
         first = first == nullptr ? &s : first;
         ++reductions;
         scatters = scatters && s.kind == StepKind::reduce_scatter;
-      } else if (first != nullptr || s.padded ||
+      } else if (first != nullptr || (s.padded && !padded_gather_at_bound(plan, s)) ||
                  (s.kind == StepKind::chunk
                       ? partials == 0 && moving > 0  // chunks only before the first moving step
                       : partials > 0 ||
@@ -1414,10 +1436,12 @@ struct plan_builder {
         return false;  // nothing but reductions after the first
       }
       moving += moves_data(s.kind) ? 1 : 0;
+      padded = padded || s.padded;
       gathers += s.kind == StepKind::all_gather ? 1 : 0;
       chunks += s.kind == StepKind::chunk ? 1 : 0;
     }
-    if (partials == 0) return kept == 0 && ((moving == 1 && chunks == 0) || gathers == moving);
+    if (partials == 0)
+      return kept == 0 && ((moving == 1 && chunks == 0) || (gathers == moving && !padded));
     if (reductions != partials || moving != reductions || (reductions > 1 && !scatters))
       return false;
     const Layout& base = plan.src_;
