@@ -125,8 +125,8 @@ class MpiBackend {
   static constexpr std::size_t batched_all_gather_bytes = std::size_t{512} << 10;
   // By default, an even reduce-scatter of blocks of at least this size runs as one point-to-point
   // round reduced by dtensor in group order rather than MPI_Ireduce_scatter_block, and an
-  // all-reduce as two (Options::reduce_by_messages_from_bytes): Open MPI 4.1 reduces large
-  // blocks 1.3 to 3.6 times slower than the round (bench/README.md, reduce-scatter).
+  // all-reduce as two (Options::reduce_by_messages_from_bytes): Open MPI 4.1 reduces 64 MiB
+  // blocks 2 to 5 times slower than the rounds (bench/README.md, the MPI tables).
   static constexpr std::size_t reduce_messages_bytes = std::size_t{1} << 20;
   // By default, an all-gather or all-to-all of fewer bytes than this (the gathered block, or all
   // the pieces a member sends) runs as one point-to-point round, every piece sent straight from
