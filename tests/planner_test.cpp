@@ -1105,6 +1105,36 @@ TEST_CASE("the lower bound on more than 16 ranks: the most any rank lacks, at th
   CHECK(checked * testing::exhaustive_stride() > 2000);
 }
 
+TEST_CASE("the lower bound of one all-gather alone: its closed form, at the first busiest rank",
+          "[planner][bound]") {
+  // Where src and dst differ by one S(i) -> R and no other mesh dim cuts dim i, detail::
+  // lower_bound takes a closed form (lone_gather_bound): N less the smallest piece, times the
+  // origin's other extents, at the first holder of a smallest piece in the origin's group. The
+  // same elements and busiest rank as visiting every rank in row-major order.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}),    DeviceMesh({7}),       DeviceMesh({64}),
+                               DeviceMesh({2, 3}), DeviceMesh({3, 1, 4}), DeviceMesh({8, 8})};
+  const Shape shapes[] = {{7, 10}, {100, 27}, {1000, 9}, {0, 5}, {64, 3}};
+  int checked = 0;
+  for_each_layout_pair(meshes, shapes, options, [&](const Layout& src, const Layout& dst) {
+    if (detail::lone_gather_dim(src, dst) < 0) return;
+    const DeviceMesh& m = src.mesh();
+    std::int64_t most = 0;
+    MeshCoord first(static_cast<std::size_t>(m.ndim()), 0);
+    for (int r = 0; r < m.size(); ++r) {
+      const MeshCoord c = m.coordinate(r);
+      const std::int64_t e = detail::missing_elements(src, src.placements(), dst.placements(), c);
+      if (e > most) most = e, first = c;
+    }
+    const detail::LowerBound lb = detail::lower_bound(src, dst);
+    INFO(fmt::format("{} -> {}", src, dst));
+    REQUIRE(lb.elements == most);
+    REQUIRE(lb.busiest == first);
+    ++checked;
+  });
+  CHECK(checked * testing::exhaustive_stride() > 300);
+}
+
 TEST_CASE("the pieces that meet a range are counted as visiting them counts them",
           "[planner][bound]") {
   // detail::pieces_overlapping counts the non-empty pieces that the shards of a tensor dim from

@@ -1911,8 +1911,50 @@ struct LowerBound {
   std::int64_t elements = 0;
   MeshCoord busiest;
 };
+
+// The mesh dim of the one all-gather (S(i) -> R) that src and dst differ by, without Partial,
+// where no other mesh dim of more than one rank cuts tensor dim i; -1 otherwise.
+constexpr int lone_gather_dim(const Layout& src, const Layout& dst) {
+  const Placements& a = src.placements();
+  const Placements& b = dst.placements();
+  int k = -1;
+  for (int j = 0; j < static_cast<int>(a.size()); ++j) {
+    if (a[j].is_partial() || b[j].is_partial()) return -1;
+    if (a[j] == b[j]) continue;
+    if (k >= 0 || !a[j].is_shard() || !b[j].is_replicate()) return -1;
+    k = j;
+  }
+  if (k < 0) return -1;
+  for (int j = 0; j < static_cast<int>(a.size()); ++j)
+    if (j != k && src.mesh().size(j) > 1 && a[j].is_shard(a[k].dim())) return -1;
+  return k;
+}
+
+// lower_bound where src and dst differ by one all-gather on mesh dim k (lone_gather_dim): every
+// group gathers all N of tensor dim i, so its members lack N less their piece times the other
+// dims' extents, which are largest in the origin's group (each cut's first piece is its
+// largest). The busiest rank is there, holding the first of the smallest pieces (pieces never
+// grow with their index), as visiting every rank in row-major order finds.
+constexpr LowerBound lone_gather_bound(const Layout& src, const Layout& dst, int k) {
+  const DeviceMesh& mesh = src.mesh();
+  LowerBound out{0, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0)};
+  const int i = src.placement(k).dim(), g = mesh.size(k);
+  const std::int64_t n = src.global_shape()[i];
+  const std::int64_t smallest = chunk_range(n, g, g - 1, src.policy()).size;
+  const Box block = dst.local_box(out.busiest);
+  std::int64_t rest = 1;
+  for (int d = 0; d < src.tensor_ndim(); ++d) rest *= d == i ? 1 : block.shape[d];
+  out.elements = bytes_mul(n - smallest, rest);
+  if (out.elements > 0)
+    out.busiest[k] = static_cast<int>(least_where(0, g - 1, [&](std::int64_t j) {
+      return chunk_range(n, g, static_cast<int>(j), src.policy()).size == smallest;
+    }));
+  return out;
+}
+
 constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   const DeviceMesh& mesh = src.mesh();
+  if (const int k = lone_gather_dim(src, dst); k >= 0) return lone_gather_bound(src, dst, k);
   LowerBound out{0, MeshCoord(static_cast<std::size_t>(mesh.ndim()), 0)};
   // Coordinates on mesh dims that shard on neither side change nothing; nor do those on a target
   // Partial's dims, whose group splits the work (lower_bound_elements counts over the group).
