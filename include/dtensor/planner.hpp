@@ -1051,6 +1051,45 @@ struct plan_builder {
     return t;
   }
 
+  // cost() where every layout the plan passes through is even and no step is an exchange:
+  // every step is a collective that costs every rank the same (an all-reduce the origin the
+  // most) or a local step, unpadded, so the origin's figures are the plan's (each step's block
+  // before is the one after the step before, where that one moved data).
+  static constexpr void cost_even(Plan& plan, const Plan* incumbent) {
+    const Layout& base = plan.src_;
+    const PlanOptions& o = plan.options_;
+    const MeshCoord origin(static_cast<std::size_t>(base.mesh().ndim()), 0);
+    plan.bytes_recv_max_ = plan.bytes_send_max_ = 0;
+    plan.est_us_ = 0;
+    Box have;
+    bool known = false;
+    for (Step& s : plan.steps_) {
+      s.padded = false;
+      s.bytes_recv_max = s.bytes_send_max = 0;
+      s.est_us = 0;
+      if (!moves_data(s.kind)) {
+        known = false;
+        continue;
+      }
+      if (!known) have = base.local_box(s.before, origin);
+      known = true;
+      const Box want = base.local_box(s.after, origin);
+      const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false,
+                                             origin, have, want, o.cost_model);
+      s.bytes_send_max = rc.bytes.send;
+      s.bytes_recv_max = rc.bytes.recv;
+      s.est_us = rc.us;
+      plan.bytes_send_max_ = bytes_add(plan.bytes_send_max_, rc.bytes.send);
+      plan.bytes_recv_max_ = bytes_add(plan.bytes_recv_max_, rc.bytes.recv);
+      have = want;
+    }
+    for (const Step& s : plan.steps_) plan.est_us_ += s.est_us;
+    if (incumbent != nullptr &&
+        (o.objective == Objective::bytes ? plan.bytes_recv_max_ > incumbent->bytes_recv_max()
+                                         : plan.est_us_ > time_to_beat(*incumbent)))
+      plan.pruned_ = true;
+  }
+
   // Fills in each step's padding choice, bytes and time, and the plan's totals. With an
   // incumbent, stops early (marking the plan pruned) as soon as the maxima over the ranks seen
   // so far, or (objective time, uneven steps) the rank at `probe` alone (the origin when null),
@@ -1071,6 +1110,10 @@ struct plan_builder {
       has_exchange |= plan.steps_[i].kind == StepKind::exchange;
     }
     plan.even_ = all_even;
+    if (all_even && !has_exchange) {
+      cost_even(plan, incumbent);
+      return;
+    }
     const bool pads = pads_steps(o);
     auto may_pad = [&](const Step& s) {
       return moves_data(s.kind) && !all_even && s.kind != StepKind::exchange &&
