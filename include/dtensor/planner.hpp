@@ -1495,13 +1495,15 @@ struct plan_builder {
     const Placements& at = first->before;
     for (int j = 0; j < mesh.ndim(); ++j)
       if (!a[j].is_partial() && !at[j].is_shard() && mesh.size(j) > 1) return false;
-    const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
     // A reduce-scatter's block splits evenly: the layout after it is even (its new cut of the
     // scattered dim divides the block's extent there).
+    auto splits_evenly = [&](const Step& s) {
+      const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+      return base.local_box(s.before, origin).numel() % mesh.size(s.mesh_dim) == 0;
+    };
     return std::ranges::all_of(plan.steps_, [&](const Step& s) {
       if (s.kind != StepKind::all_reduce && s.kind != StepKind::reduce_scatter) return true;
-      return !s.padded && (s.kind == StepKind::reduce_scatter ||
-                           base.local_box(s.before, origin).numel() % mesh.size(s.mesh_dim) == 0);
+      return !s.padded && (s.kind == StepKind::reduce_scatter || splits_evenly(s));
     });
   }
 
