@@ -1407,6 +1407,27 @@ struct plan_builder {
     return plan;
   }
 
+  // Whether `s`, a padded all-gather of tensor dim i on mesh dim k, receives on its busiest rank
+  // what the rank holding a group's smallest piece lacks: no other mesh dim of more than one rank
+  // cuts dim i (every group gathers all N of it, and its members differ in that piece only), and
+  // all the pieces of N but its last, the smallest, are the largest ((g-1) largest = N - smallest;
+  // 7 rows over 4: 2, 2, 2, 1), so each group's padded receives, (g-1) largest per element of the
+  // other dims, are its smallest piece holder's lack.
+  static constexpr bool padded_gather_at_bound(const Plan& plan, const Step& s) {
+    if (s.kind != StepKind::all_gather) return false;
+    const Layout& base = plan.src_;
+    const DeviceMesh& mesh = base.mesh();
+    const int k = s.mesh_dim;
+    const int i = s.before[k].dim();
+    for (int j = 0; j < mesh.ndim(); ++j)
+      if (j != k && mesh.size(j) > 1 && (s.before[j].is_shard(i) || s.after[j].is_shard(i)))
+        return false;
+    const int g = mesh.size(k);
+    const std::int64_t n = base.global_shape()[i];
+    return (g - 1) * chunk_range(n, g, 0, base.policy()).size ==
+           n - chunk_range(n, g, g - 1, base.policy()).size;
+  }
+
   // Whether the plan moves no more than the lower bound whatever it is, by its form: it moves
   // nothing, or between layouts without Partial its one step that is not an identity is an
   // unpadded all-gather or all-to-all, or a padded all-gather whose padding its busiest rank
@@ -1430,27 +1451,6 @@ struct plan_builder {
   //   all-reduce, as much again to spread it (with C kept classes, C G + G - 2 receives of each
   //   element over C G ranks: 2 (G-1) / G per rank only where G is 2). Whether every layout
   //   it passes through is even, its costing found (Plan::even_).
-  // Whether `s`, a padded all-gather of tensor dim i on mesh dim k, receives on its busiest rank
-  // what the rank holding a group's smallest piece lacks: no other mesh dim of more than one rank
-  // cuts dim i (every group gathers all N of it, and its members differ in that piece only), and
-  // all the pieces of N but its last, the smallest, are the largest ((g-1) largest = N - smallest;
-  // 7 rows over 4: 2, 2, 2, 1), so each group's padded receives, (g-1) largest per element of the
-  // other dims, are its smallest piece holder's lack.
-  static constexpr bool padded_gather_at_bound(const Plan& plan, const Step& s) {
-    if (s.kind != StepKind::all_gather) return false;
-    const Layout& base = plan.src_;
-    const DeviceMesh& mesh = base.mesh();
-    const int k = s.mesh_dim;
-    const int i = s.before[k].dim();
-    for (int j = 0; j < mesh.ndim(); ++j)
-      if (j != k && mesh.size(j) > 1 && (s.before[j].is_shard(i) || s.after[j].is_shard(i)))
-        return false;
-    const int g = mesh.size(k);
-    const std::int64_t n = base.global_shape()[i];
-    return (g - 1) * chunk_range(n, g, 0, base.policy()).size ==
-           n - chunk_range(n, g, g - 1, base.policy()).size;
-  }
-
   static constexpr bool meets_bound(const Plan& plan) {
     if (plan.pruned_ || !plan.fits_) return false;
     if (plan.bytes_recv_max_ == 0) return true;
