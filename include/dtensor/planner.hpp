@@ -866,6 +866,24 @@ constexpr bool pads_steps(const PlanOptions& o) noexcept {
          (o.padding == Padding::automatic && o.memory != Memory::bounded);
 }
 
+// The mesh dim of the one all-gather (S(i) -> R) that src and dst differ by, without Partial,
+// where no other mesh dim of more than one rank cuts tensor dim i; -1 otherwise.
+constexpr int lone_gather_dim(const Layout& src, const Layout& dst) {
+  const Placements& a = src.placements();
+  const Placements& b = dst.placements();
+  int k = -1;
+  for (int j = 0; j < static_cast<int>(a.size()); ++j) {
+    if (a[j].is_partial() || b[j].is_partial()) return -1;
+    if (a[j] == b[j]) continue;
+    if (k >= 0 || !a[j].is_shard() || !b[j].is_replicate()) return -1;
+    k = j;
+  }
+  if (k < 0) return -1;
+  for (int j = 0; j < static_cast<int>(a.size()); ++j)
+    if (j != k && src.mesh().size(j) > 1 && a[j].is_shard(a[k].dim())) return -1;
+  return k;
+}
+
 struct plan_builder {
   // The plan of the transitions `ts`, with costs.
   static constexpr Plan build(const Layout& src, const Layout& dst, const Transitions& ts,
@@ -1170,11 +1188,11 @@ struct plan_builder {
     // block splits evenly into the group's pieces): rank 0 speaks for all, once. Where every step
     // is such a collective or costs the origin the most (costs_most_at_origin), the origin's
     // figures are the plan's. Otherwise the other steps cost every rank whose coordinates matter:
-    // with every piece even, rank 0 again; otherwise those on mesh dims that shard at some point
-    // of the plan.
+    // those on mesh dims that shard at some point of the plan (with every piece even and no
+    // exchange, cost_even took the plan above).
     bool fixed[max_mesh_dims] = {};
     for (int k = 0; k < mesh.ndim(); ++k) {
-      fixed[k] = (all_even && !has_exchange) || !base.placement(k).is_shard();
+      fixed[k] = !base.placement(k).is_shard();
       for (const Step& s : plan.steps_)
         fixed[k] = fixed[k] && !s.after[k].is_shard() &&
                    !(s.kind == StepKind::exchange &&
@@ -1408,22 +1426,18 @@ struct plan_builder {
   }
 
   // Whether `s`, a padded all-gather of tensor dim i on mesh dim k, receives on its busiest rank
-  // what the rank holding a group's smallest piece lacks: no other mesh dim of more than one rank
-  // cuts dim i (every group gathers all N of it, and its members differ in that piece only), and
-  // all the pieces of N but its last, the smallest, are the largest ((g-1) largest = N - smallest;
-  // 7 rows over 4: 2, 2, 2, 1), so each group's padded receives, (g-1) largest per element of the
-  // other dims, are its smallest piece holder's lack.
+  // what the rank holding a group's smallest piece lacks: it is the one all-gather the plan's ends
+  // differ by, with no other mesh dim cutting dim i (lone_gather_dim: every group gathers all N of
+  // it, and its members differ in that piece only), and all the pieces of N but its last, the
+  // smallest, are the largest ((g-1) largest = N - smallest; 7 rows over 4: 2, 2, 2, 1), so each
+  // group's padded receives, (g-1) largest per element of the other dims, are its smallest piece
+  // holder's lack.
   static constexpr bool padded_gather_at_bound(const Plan& plan, const Step& s) {
-    if (s.kind != StepKind::all_gather) return false;
+    if (s.kind != StepKind::all_gather || lone_gather_dim(plan.src_, plan.dst_) != s.mesh_dim)
+      return false;
     const Layout& base = plan.src_;
-    const DeviceMesh& mesh = base.mesh();
-    const int k = s.mesh_dim;
-    const int i = s.before[k].dim();
-    for (int j = 0; j < mesh.ndim(); ++j)
-      if (j != k && mesh.size(j) > 1 && (s.before[j].is_shard(i) || s.after[j].is_shard(i)))
-        return false;
-    const int g = mesh.size(k);
-    const std::int64_t n = base.global_shape()[i];
+    const int g = base.mesh().size(s.mesh_dim);
+    const std::int64_t n = base.global_shape()[s.before[s.mesh_dim].dim()];
     return (g - 1) * chunk_range(n, g, 0, base.policy()).size ==
            n - chunk_range(n, g, g - 1, base.policy()).size;
   }
@@ -1959,24 +1973,6 @@ struct LowerBound {
   std::int64_t elements = 0;
   MeshCoord busiest;
 };
-
-// The mesh dim of the one all-gather (S(i) -> R) that src and dst differ by, without Partial,
-// where no other mesh dim of more than one rank cuts tensor dim i; -1 otherwise.
-constexpr int lone_gather_dim(const Layout& src, const Layout& dst) {
-  const Placements& a = src.placements();
-  const Placements& b = dst.placements();
-  int k = -1;
-  for (int j = 0; j < static_cast<int>(a.size()); ++j) {
-    if (a[j].is_partial() || b[j].is_partial()) return -1;
-    if (a[j] == b[j]) continue;
-    if (k >= 0 || !a[j].is_shard() || !b[j].is_replicate()) return -1;
-    k = j;
-  }
-  if (k < 0) return -1;
-  for (int j = 0; j < static_cast<int>(a.size()); ++j)
-    if (j != k && src.mesh().size(j) > 1 && a[j].is_shard(a[k].dim())) return -1;
-  return k;
-}
 
 // lower_bound where src and dst differ by one all-gather on mesh dim k (lone_gather_dim): every
 // group gathers all N of tensor dim i, so its members lack N less their piece times the other
