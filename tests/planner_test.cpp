@@ -1128,7 +1128,7 @@ TEST_CASE("the lower bound of one all-gather alone: its closed form, at the firs
     require_bound_of_every_rank(src, dst);
     ++checked;
   });
-  CHECK(checked * testing::exhaustive_stride() > 300);
+  CHECK(checked * testing::exhaustive_stride() > 200);
 }
 
 TEST_CASE("the pieces that meet a range are counted as visiting them counts them",
