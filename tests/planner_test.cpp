@@ -725,6 +725,92 @@ TEST_CASE("the floors that skip an exchange from a Partial are below its time",
   CHECK(counted_higher > 100);
 }
 
+TEST_CASE("what a target takes from other members' parts is what visiting their boxes finds",
+          "[planner][exchange]") {
+  // other_parts_in finds, by binary search over a group's cut, the elements of the other
+  // members' parts that a target block holds and how many of those parts meet it (the floors of
+  // an exchange from a Partial read it): checked against meeting every other part's boxes, for
+  // every member of every group, the cut along a dim and by elements, on groups of up to 16.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum)};
+  const DeviceMesh meshes[] = {DeviceMesh({4}),       DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                               DeviceMesh({2, 2, 2}), DeviceMesh({16}),   DeviceMesh({4, 4})};
+  int checked = 0, met_several = 0, by_elements_checked = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : {Shape{16, 8}, Shape{5, 7}, Shape{1, 3}, Shape{7, 10}, Shape{33, 5}})
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        if (!detail::exchange_reduces(a, b)) return;
+        const Layout src(m, a, shape);
+        const unsigned dims = detail::reduced_partials(a, b).dims;
+        for (int r = 0; r < m.size(); ++r) {
+          const MeshCoord c = m.coordinate(r);
+          if (detail::group_index(m, c, dims) != 0) continue;
+          for (const bool by_elements : {false, true}) {
+            const detail::GroupParts parts = detail::group_parts(src, a, b, dims, c, by_elements);
+            int non_empty[detail::max_reducing_group + 1] = {};
+            detail::non_empty_ranges(parts, non_empty);
+            for (int j = 0; j < parts.members; ++j) {
+              const Box want = src.local_box(b, detail::group_member(m, c, dims, j));
+              detail::OtherParts visited;
+              for (int i = 0; i < parts.members; ++i) {
+                if (i == j) continue;
+                std::int64_t n = 0;
+                for (const Box& box : parts.part_boxes(i)) n += overlap_numel(want, box);
+                visited.elements += n;
+                visited.parts += n > 0 ? 1 : 0;
+              }
+              const detail::OtherParts found = detail::other_parts_in(parts, non_empty, want, j);
+              INFO(fmt::format("{} {} -> {} on {}, group of rank {}, member {}, by elements {}",
+                               shape, a, b, m.shape(), r, j, parts.by_elements));
+              CHECK(found.elements == visited.elements);
+              CHECK(found.parts == visited.parts);
+              ++checked;
+              met_several += visited.parts > 1 ? 1 : 0;
+              by_elements_checked += parts.by_elements ? 1 : 0;
+            }
+          }
+        }
+      });
+  CHECK(checked > 5000);
+  CHECK(met_several > 500);
+  CHECK(by_elements_checked > 100);
+  fmt::print("other members' parts: {} targets checked, {} meeting several, {} cut by elements\n",
+             checked, met_several, by_elements_checked);
+}
+
+TEST_CASE("the most a cut can save is the sum over rows of the most any range holding it saves",
+          "[planner][exchange]") {
+  // rows_saved sweeps the ranges' ends: checked against every row, for ranges disjoint, alike,
+  // nested and overlapping, empty and zero-saving ones among them.
+  using PerMember = detail::static_vector<std::int64_t, detail::max_reducing_group>;
+  std::uint64_t state = 12345;
+  auto next = [&](std::int64_t n) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<std::int64_t>((state >> 33) % static_cast<std::uint64_t>(n));
+  };
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int g = 1 + static_cast<int>(next(trial < 1000 ? 8 : detail::max_reducing_group));
+    const std::int64_t rows = 1 + next(40);
+    PerMember cross, t_lo, t_hi;
+    for (int j = 0; j < g; ++j) {
+      std::int64_t lo = next(rows + 1), hi = next(rows + 1);
+      if (trial % 3 == 0) lo = 0, hi = rows;  // alike
+      if (lo > hi) std::swap(lo, hi);
+      cross.push_back(next(4) == 0 ? 0 : 1 + next(9));
+      t_lo.push_back(lo);
+      t_hi.push_back(hi);
+    }
+    std::int64_t expected = 0;
+    for (std::int64_t x = 0; x < rows; ++x) {
+      std::int64_t most = 0;
+      for (int j = 0; j < g; ++j)
+        if (t_lo[j] <= x && x < t_hi[j]) most = std::max(most, cross[j]);
+      expected += most;
+    }
+    INFO(fmt::format("trial {}: {} ranges over {} rows", trial, g, rows));
+    CHECK(detail::rows_saved(cross, t_lo, t_hi, g) == expected);
+  }
+}
+
 TEST_CASE("the bytes floors that skip exchange candidates are below their plans' bytes",
           "[planner][bound]") {
   // Under the bytes objective try_exchanges skips a candidate whose floor at the probe exceeds

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "../layout.hpp"
@@ -244,6 +245,13 @@ struct GroupParts {
   }
 };
 
+// What a target block `want` holds of the parts of a group's block other than member j's: their
+// elements in it, and how many of those parts meet it.
+struct OtherParts {
+  std::int64_t elements = 0;
+  int parts = 0;
+};
+
 // The least x in [low, high] where `holds(x)`, which holds at `high` and from where it first
 // holds on (binary search).
 template <class Holds>
@@ -258,32 +266,101 @@ constexpr std::int64_t least_where(std::int64_t low, std::int64_t high, Holds ho
   return high;
 }
 
+// The non-empty ranges among the first i of a group's cut, for i in [0, members], into `out`.
+constexpr void non_empty_ranges(const GroupParts& parts, int* out) {
+  out[0] = 0;
+  for (int i = 0; i < parts.members; ++i)
+    out[i + 1] = out[i] + (parts.cut[i + 1] > parts.cut[i] ? 1 : 0);
+}
+
+// other_parts_in: the parts are consecutive ranges of one line (indices of the cut dim, or the
+// block's elements in the order of the cut), and `want` meets the block in a range of it (a run,
+// where the cut is by elements: group_parts cuts so only where every member's target does), so
+// the parts that meet it are found by binary search over the cuts, and counted by
+// `non_empty[i]`, the non-empty ranges among the first i (non_empty_ranges). Otherwise (no tensor
+// dims, or a target that meets the block in no one run) each part's boxes are met one by one.
+constexpr OtherParts other_parts_in(const GroupParts& parts, const int* non_empty, const Box& want,
+                                    int j) {
+  OtherParts out;
+  const Box in = intersect(want, parts.block);
+  if (in.empty()) return out;
+  const int g = parts.members;
+  std::int64_t a = 0, b = 0, per_index = 1;  // `in` as the range [a, b) of the line
+  bool line = !parts.block.shape.empty();
+  if (line && parts.by_elements) {
+    const ElementRun r = element_run(in, parts.block, parts.outer);
+    line = r.last >= r.first;
+    a = r.first;
+    b = r.last;
+  } else if (line) {
+    const auto d = static_cast<std::size_t>(parts.dim);
+    a = in.offset[d];
+    b = a + in.shape[d];
+    per_index = in.numel() / in.shape[d];
+  }
+  // (The ranges cover the line: group_parts cuts every block so; a check costs little.)
+  if (line)
+    line = parts.cut[g] - parts.cut[0] ==
+           (parts.by_elements ? parts.block.numel()
+                              : parts.block.shape[static_cast<std::size_t>(parts.dim)]);
+  if (!line) {
+    for (int i = 0; i < g; ++i) {
+      if (i == j) continue;
+      std::int64_t n = 0;
+      for (const Box& box : parts.part_boxes(i)) n += overlap_numel(want, box);
+      out.elements += n;
+      out.parts += n > 0 ? 1 : 0;
+    }
+    return out;
+  }
+  // Ranges i (member reversed ? g-1-i : i) in [first, last) end after a and start before b.
+  const std::int64_t* cut = parts.cut;
+  const auto first =
+      static_cast<int>(least_where(0, g, [&](std::int64_t i) { return i == g || cut[i + 1] > a; }));
+  const auto last = static_cast<int>(
+      least_where(first, g, [&](std::int64_t i) { return i == g || cut[i] >= b; }));
+  out.parts = non_empty[last] - non_empty[first];
+  const int mine = parts.reversed ? g - 1 - j : j;
+  const std::int64_t lo = cut[mine] > a ? cut[mine] : a;
+  const std::int64_t hi = cut[mine + 1] < b ? cut[mine + 1] : b;
+  if (hi > lo) --out.parts;
+  out.elements = in.numel() - (hi > lo ? bytes_mul(per_index, hi - lo) : 0);
+  return out;
+}
+
 // The most a cut can save along one tensor dim: every row (index) saves at most the largest
 // cross[j] of the members j whose range [t_lo[j], t_hi[j]) holds it (only one member owns it).
+// Between two neighbouring ends of the ranges every range holds all rows or none: each range
+// raises the most of the segments it spans (found by binary search), which is linear in the
+// members where the ranges are disjoint or alike (a target's shards, or a whole dim).
 constexpr std::int64_t rows_saved(const static_vector<std::int64_t, max_reducing_group>& cross,
                                   const static_vector<std::int64_t, max_reducing_group>& t_lo,
                                   const static_vector<std::int64_t, max_reducing_group>& t_hi,
                                   int g) {
-  // The ranges' ends, sorted; between two neighbours every range holds all rows or none.
   static_vector<std::int64_t, std::size_t{2} * max_reducing_group> ends;
+  for (int j = 0; j < g; ++j)
+    if (cross[j] != 0) {
+      ends.push_back(t_lo[j]);
+      ends.push_back(t_hi[j]);
+    }
+  std::sort(ends.begin(), ends.end());
+  std::size_t n = 0;  // distinct ends
+  for (std::size_t i = 0; i < ends.size(); ++i)
+    if (n == 0 || ends[i] != ends[n - 1]) ends[n++] = ends[i];
+  if (n < 2) return 0;
+  std::int64_t most[std::size_t{2} * max_reducing_group] = {};  // per segment [ends[i], ends[i+1])
   for (int j = 0; j < g; ++j) {
     if (cross[j] == 0) continue;
-    for (const std::int64_t x : {t_lo[j], t_hi[j]}) {
-      ends.push_back(x);
-      for (std::size_t i = ends.size() - 1; i > 0 && ends[i - 1] > ends[i]; --i) {
-        const std::int64_t t = ends[i];
-        ends[i] = ends[i - 1];
-        ends[i - 1] = t;
-      }
-    }
+    auto at = [&](std::int64_t x) {
+      return static_cast<std::size_t>(std::lower_bound(ends.begin(), ends.begin() + n, x) -
+                                      ends.begin());
+    };
+    for (std::size_t i = at(t_lo[j]), end = at(t_hi[j]); i < end; ++i)
+      most[i] = cross[j] > most[i] ? cross[j] : most[i];
   }
   std::int64_t saved = 0;
-  for (std::size_t i = 0; i + 1 < ends.size(); ++i) {
-    std::int64_t most = 0;
-    for (int j = 0; j < g; ++j)
-      if (t_lo[j] <= ends[i] && ends[i + 1] <= t_hi[j] && cross[j] > most) most = cross[j];
-    saved = bytes_add(saved, bytes_mul(most, ends[i + 1] - ends[i]));
-  }
+  for (std::size_t i = 0; i + 1 < n; ++i)
+    saved = bytes_add(saved, bytes_mul(most[i], ends[i + 1] - ends[i]));
   return saved;
 }
 
@@ -362,6 +439,23 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
     for (int j = 0; j < g; ++j) total = bytes_add(total, target[j]);
     const std::int64_t mean = (total + g - 1) / g;
     const std::int64_t least = mean > most_target ? mean : most_target;
+    // The busiest count of the cut where each member takes the indices its target holds, the
+    // members in order (reversed or not); -1 where those ranges do not tile [lo, hi) so.
+    auto own_cut_count = [&](bool reversed) -> std::int64_t {
+      std::int64_t x = lo, most = 0;
+      for (int i = 0; i < g; ++i) {
+        const int j = reversed ? g - 1 - i : i;
+        std::int64_t len = 0;
+        if (cross[j] != 0 && t_hi[j] > t_lo[j]) {
+          if (t_lo[j] != x) return -1;
+          len = t_hi[j] - t_lo[j];
+        }
+        const std::int64_t count = bytes_add(target[j], bytes_mul(per_row - cross[j], len));
+        most = count > most ? count : most;
+        x += len;
+      }
+      return x == hi ? most : -1;
+    };
     for (const bool reversed : {false, true}) {
       if (reversed && alike) break;
       // Whether every member's count can be at most `limit` with at most `rows` indices each
@@ -386,11 +480,20 @@ constexpr GroupParts group_parts(const Layout& base, const Placements& before,
       std::int64_t count = high;
       if (least < high) {
         const bool ties = best >= 0 && high == best && !fits(high - 1, all, nullptr);
-        if (!ties)
-          count =
-              fits(least, all, nullptr) ? least : least_where(least + 1, high, [&](std::int64_t c) {
-                return fits(c, all, nullptr);
-              });
+        if (!ties && fits(least, all, nullptr)) {
+          count = least;
+        } else if (!ties) {
+          // The cut where each member takes the indices its own target holds (a reduce-scatter's,
+          // where the targets tile the range in member order) fits at its busiest count, often
+          // the least that does: two tests then, instead of a search up from `least`.
+          std::int64_t top = high;
+          const std::int64_t own = own_cut_count(reversed);
+          if (own > least && own < high && fits(own, all, nullptr)) top = own;
+          auto fits_all = [&](std::int64_t c) { return fits(c, all, nullptr); };
+          count = top == high                    ? least_where(least + 1, high, fits_all)
+                  : !fits(top - 1, all, nullptr) ? top
+                                                 : least_where(least + 1, top - 1, fits_all);
+        }
       }
       // At that count, the smallest largest part (the first round's slowest member): an even
       // cut's, often; else at most the largest part of the cut without a limit on parts, and

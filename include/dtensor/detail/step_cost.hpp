@@ -703,23 +703,15 @@ constexpr RoundFloors reducing_exchange_floors(const Layout& base, const Placeme
     wants.push_back(base.local_box(after, member));
   }
   // From the group: one message at least from each other member whose part meets a member's
-  // target block (each part's boxes found once).
-  static_vector<std::int64_t, max_reducing_group> from_group(g, 0);
-  static_vector<int, max_reducing_group> owners(g, 0);
-  for (std::size_t i = 0; i < g; ++i) {
-    const RunBoxes boxes = parts.part_boxes(static_cast<int>(i));
-    for (std::size_t j = 0; j < g; ++j) {
-      if (i == j) continue;
-      std::int64_t n = 0;
-      for (const Box& box : boxes) n += overlap_numel(wants[j], box);
-      from_group[j] += n;
-      owners[j] += n > 0 ? 1 : 0;
-    }
-  }
+  // target block (other_parts_in).
+  int non_empty[max_reducing_group + 1];  // NOLINT(cppcoreguidelines-pro-type-member-init)
+  non_empty_ranges(parts, non_empty);
   for (std::size_t j = 0; j < g; ++j) {
+    const OtherParts from_group = other_parts_in(parts, non_empty, wants[j], static_cast<int>(j));
     const std::int64_t from_others = wants[j].numel() - overlap_numel(wants[j], parts.block);
     double us = 0;
-    if (from_group[j] > 0) us += inside.time_us(owners[j], double(from_group[j]) * elem);
+    if (from_group.elements > 0)
+      us += inside.time_us(from_group.parts, double(from_group.elements) * elem);
     if (from_others > 0) us += any.time_us(1, double(from_others) * elem);
     out.second = us > out.second ? us : out.second;
   }
