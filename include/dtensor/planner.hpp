@@ -1370,26 +1370,64 @@ struct plan_builder {
         return loses_at(plan.bytes_recv_max_, us);
       };
       bool by_kind = false;
-      if (varying_steps == 1 && visited > 8 && plan.steps_[varying].kind != StepKind::exchange &&
-          plan.steps_[varying].kind != StepKind::all_reduce) {
-        Step& s = plan.steps_[varying];
-        // The origin first, where a losing plan usually loses (its pieces are the largest).
-        const RankStepCost first = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
-                                                  s.padded, origin, o.cost_model);
-        double us = first.us;
-        for (const Step& t : plan.steps_) us += &t == &s ? 0 : t.est_us;
-        if (loses_at(bytes_add(uniform_total.recv, first.bytes.recv), us)) {
+      // Where only collectives (no all-reduce) vary, on more than 8 ranks: one block pair of
+      // each kind speaks for the ranks of its kind, step by step. One such step's maxima are the
+      // plan's figures; of several, where the origin is the busiest of each (its pieces are the
+      // largest: so it often is), the origin's sums are, as no rank's sums exceed the maxima's.
+      bool collectives = varying_steps > 0 && visited > 8;
+      for (std::size_t i = 0; i < plan.steps_.size() && collectives; ++i) {
+        const Step& s = plan.steps_[i];
+        collectives = !moves_data(s.kind) || uniform[i] ||
+                      (s.kind != StepKind::exchange && s.kind != StepKind::all_reduce);
+      }
+      if (collectives) {
+        // The origin first, where a losing plan usually loses.
+        RankStepCost at_origin[max_plan_steps];
+        RankBytes origin_total = uniform_total;
+        double us = 0;
+        for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+          const Step& s = plan.steps_[i];
+          if (!moves_data(s.kind) || uniform[i]) {
+            us += s.est_us;
+            continue;
+          }
+          at_origin[i] = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded,
+                                        origin, o.cost_model);
+          us += at_origin[i].us;
+          origin_total.recv = bytes_add(origin_total.recv, at_origin[i].bytes.recv);
+          origin_total.send = bytes_add(origin_total.send, at_origin[i].bytes.send);
+        }
+        if (loses_at(origin_total.recv, us)) {
           plan.pruned_ = true;
           return;
         }
-        by_kind =
-            for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
-              fold(s, rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, origin,
-                                     have, want, o.cost_model));
-            });
-        if (by_kind && settle_loses(s)) {
+        by_kind = true;
+        for (std::size_t i = 0; i < plan.steps_.size() && by_kind; ++i) {
+          Step& s = plan.steps_[i];
+          if (!moves_data(s.kind) || uniform[i]) continue;
+          by_kind =
+              for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
+                fold(s, rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded,
+                                       origin, have, want, o.cost_model));
+              });
+          // (Maxima folded before a fallback are some rank's: the visit below keeps them.)
+          by_kind =
+              by_kind && (varying_steps == 1 || (s.bytes_recv_max == at_origin[i].bytes.recv &&
+                                                 s.bytes_send_max == at_origin[i].bytes.send));
+        }
+        if (by_kind && varying_steps == 1 && settle_loses(plan.steps_[varying])) {
           plan.pruned_ = true;
           return;
+        }
+        if (by_kind && varying_steps > 1) {
+          plan.bytes_recv_max_ = origin_total.recv;
+          plan.bytes_send_max_ = origin_total.send;
+          double total_us = 0;
+          for (const Step& t : plan.steps_) total_us += t.est_us;
+          if (loses_at(plan.bytes_recv_max_, total_us)) {
+            plan.pruned_ = true;
+            return;
+          }
         }
       }
       // Where only an exchange does (no Partial made or reduced, no relation found), on more than

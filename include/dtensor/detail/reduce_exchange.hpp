@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "../layout.hpp"
 #include "../placement.hpp"
@@ -343,12 +344,19 @@ constexpr std::int64_t rows_saved(const static_vector<std::int64_t, max_reducing
       ends.push_back(t_lo[j]);
       ends.push_back(t_hi[j]);
     }
-  std::sort(ends.begin(), ends.end());
+  if (ends.size() > 16) {
+    std::sort(ends.begin(), ends.end());
+  } else {  // small groups: in place, as std::sort would, without its dispatch
+    for (std::size_t i = 1; i < ends.size(); ++i)
+      for (std::size_t k = i; k > 0 && ends[k - 1] > ends[k]; --k) std::swap(ends[k - 1], ends[k]);
+  }
   std::size_t n = 0;  // distinct ends
   for (std::size_t i = 0; i < ends.size(); ++i)
     if (n == 0 || ends[i] != ends[n - 1]) ends[n++] = ends[i];
   if (n < 2) return 0;
-  std::int64_t most[std::size_t{2} * max_reducing_group] = {};  // per segment [ends[i], ends[i+1])
+  // The most of each segment [ends[i], ends[i+1]), i < n - 1 (the others are never read).
+  std::int64_t most[std::size_t{2} * max_reducing_group];  // NOLINT(*-member-init): below
+  for (std::size_t i = 0; i + 1 < n; ++i) most[i] = 0;
   for (int j = 0; j < g; ++j) {
     if (cross[j] == 0) continue;
     auto at = [&](std::int64_t x) {
