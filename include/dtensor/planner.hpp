@@ -1311,18 +1311,17 @@ struct plan_builder {
               rc.bytes = {known->send, known->recv};
               rc.us = known->us;
               have_known = false;
+            } else if (i == partial_step) {  // costed above, for every rank: no blocks
+              const int at = mesh.index(c);
+              rc = {{bytes_mul(partial.send[at], base.elem_bytes()),
+                     bytes_mul(partial.recv[at], base.elem_bytes())},
+                    partial.us[at]};
+              have_known = false;
             } else {
               if (!have_known) have = base.local_box(s.before, c);
               const Box want = base.local_box(s.after, c);
-              if (i == partial_step) {
-                const int at = mesh.index(c);
-                rc = {{bytes_mul(partial.send[at], base.elem_bytes()),
-                       bytes_mul(partial.recv[at], base.elem_bytes())},
-                      partial.us[at]};
-              } else {
-                rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, have,
-                                    want, o.cost_model);
-              }
+              rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c, have,
+                                  want, o.cost_model);
               if (i == related_step) costed.remember(key, {rc.bytes.send, rc.bytes.recv, rc.us});
               have = want;
               have_known = true;
@@ -1429,6 +1428,24 @@ struct plan_builder {
             return;
           }
         }
+      }
+      // Where only an exchange into or from a Partial does: its figures for every rank are known
+      // (costed above), and their maxima are the plan's.
+      if (varying_steps == 1 && varying == partial_step) {
+        Step& s = plan.steps_[varying];
+        std::int64_t send = 0, recv = 0;
+        double us = 0;
+        for (int r = 0; r < mesh.size(); ++r) {
+          send = partial.send[r] > send ? partial.send[r] : send;
+          recv = partial.recv[r] > recv ? partial.recv[r] : recv;
+          us = partial.us[r] > us ? partial.us[r] : us;
+        }
+        fold(s, {{bytes_mul(send, base.elem_bytes()), bytes_mul(recv, base.elem_bytes())}, us});
+        if (settle_loses(s)) {
+          plan.pruned_ = true;
+          return;
+        }
+        by_kind = true;
       }
       // Where only an exchange does (no Partial made or reduced, no relation found), on more than
       // 8 ranks, with every tensor dim cut at most once each side: one rank of each kind speaks
