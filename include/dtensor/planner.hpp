@@ -1369,29 +1369,43 @@ struct plan_builder {
         return loses_at(plan.bytes_recv_max_, us);
       };
       bool by_kind = false;
-      // Where only collectives (no all-reduce) vary, on more than 8 ranks: one block pair of
-      // each kind speaks for the ranks of its kind, step by step. One such step's maxima are the
-      // plan's figures; of several, where the origin is the busiest of each (its pieces are the
-      // largest: so it often is), the origin's sums are, as no rank's sums exceed the maxima's.
-      bool collectives = varying_steps > 0 && visited > 8;
+      // Where only collectives (no all-reduce) vary, on more than 8 ranks, and perhaps an
+      // exchange into or from a Partial, whose figures for every rank are known (costed above):
+      // each step's maxima are found without visiting the ranks, a collective's from one block
+      // pair of each kind. One varying step's maxima are the plan's figures; the sums of several
+      // steps' maxima are where some rank is the busiest of each (no rank's sums exceed them):
+      // the origin (its pieces are the largest: so it often is), or one of the first ranks busiest
+      // in the exchange. Otherwise every rank is visited.
+      bool collectives = varying_steps > 0 && (visited > 8 || varying_steps == 1);
       for (std::size_t i = 0; i < plan.steps_.size() && collectives; ++i) {
         const Step& s = plan.steps_[i];
-        collectives = !moves_data(s.kind) || uniform[i] ||
-                      (s.kind != StepKind::exchange && s.kind != StepKind::all_reduce);
+        collectives =
+            !moves_data(s.kind) || uniform[i] || i == partial_step ||
+            (visited > 8 && s.kind != StepKind::exchange && s.kind != StepKind::all_reduce);
       }
+      const std::int64_t elem = base.elem_bytes();
+      // What varying step i costs the rank at `c`.
+      auto cost_at = [&](std::size_t i, const MeshCoord& c) -> RankStepCost {
+        const Step& s = plan.steps_[i];
+        if (i != partial_step)
+          return rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
+                                o.cost_model);
+        const int at = mesh.index(c);
+        return {{bytes_mul(partial.send[at], elem), bytes_mul(partial.recv[at], elem)},
+                partial.us[at]};
+      };
+      auto varies = [&](std::size_t i) { return moves_data(plan.steps_[i].kind) && !uniform[i]; };
       if (collectives) {
         // The origin first, where a losing plan usually loses.
         RankStepCost at_origin[max_plan_steps];
         RankBytes origin_total = uniform_total;
         double us = 0;
         for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
-          const Step& s = plan.steps_[i];
-          if (!moves_data(s.kind) || uniform[i]) {
-            us += s.est_us;
+          if (!varies(i)) {
+            us += plan.steps_[i].est_us;
             continue;
           }
-          at_origin[i] = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded,
-                                        origin, o.cost_model);
+          at_origin[i] = cost_at(i, origin);
           us += at_origin[i].us;
           origin_total.recv = bytes_add(origin_total.recv, at_origin[i].bytes.recv);
           origin_total.send = bytes_add(origin_total.send, at_origin[i].bytes.send);
@@ -1401,51 +1415,65 @@ struct plan_builder {
           return;
         }
         by_kind = true;
+        // (Maxima folded before a fallback are some rank's: the visit below keeps them.)
         for (std::size_t i = 0; i < plan.steps_.size() && by_kind; ++i) {
+          if (!varies(i)) continue;
           Step& s = plan.steps_[i];
-          if (!moves_data(s.kind) || uniform[i]) continue;
+          if (i == partial_step) {
+            for (int r = 0; r < mesh.size(); ++r)
+              fold(s, {{bytes_mul(partial.send[r], elem), bytes_mul(partial.recv[r], elem)},
+                       partial.us[r]});
+            continue;
+          }
           by_kind =
               for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
                 fold(s, rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded,
                                        origin, have, want, o.cost_model));
               });
-          // (Maxima folded before a fallback are some rank's: the visit below keeps them.)
-          by_kind =
-              by_kind && (varying_steps == 1 || (s.bytes_recv_max == at_origin[i].bytes.recv &&
-                                                 s.bytes_send_max == at_origin[i].bytes.send));
-        }
-        if (by_kind && varying_steps == 1 && settle_loses(plan.steps_[varying])) {
-          plan.pruned_ = true;
-          return;
         }
         if (by_kind && varying_steps > 1) {
-          plan.bytes_recv_max_ = origin_total.recv;
-          plan.bytes_send_max_ = origin_total.send;
+          // A rank busiest in every step, receiving, and one sending.
+          auto busiest_everywhere = [&](const MeshCoord& c, bool recv, bool at_the_origin) {
+            for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+              if (!varies(i)) continue;
+              const RankBytes b = at_the_origin ? at_origin[i].bytes : cost_at(i, c).bytes;
+              if ((recv ? b.recv : b.send) !=
+                  (recv ? plan.steps_[i].bytes_recv_max : plan.steps_[i].bytes_send_max))
+                return false;
+            }
+            return true;
+          };
+          for (const bool recv : {true, false}) {
+            bool found = busiest_everywhere(origin, recv, true);
+            if (!found && partial_step < plan.steps_.size()) {
+              const Step& p = plan.steps_[partial_step];
+              const std::int64_t most = recv ? p.bytes_recv_max : p.bytes_send_max;
+              constexpr int tries = 4;
+              for (int r = 0, tried = 0; r < mesh.size() && !found && tried < tries; ++r)
+                if (bytes_mul(recv ? partial.recv[r] : partial.send[r], elem) == most) {
+                  ++tried;
+                  found = busiest_everywhere(mesh.coordinate_at(r), recv, false);
+                }
+            }
+            by_kind = by_kind && found;
+          }
+        }
+        if (by_kind) {
+          RankBytes total = uniform_total;
           double total_us = 0;
-          for (const Step& t : plan.steps_) total_us += t.est_us;
+          for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+            total_us += plan.steps_[i].est_us;
+            if (!varies(i)) continue;
+            total.recv = bytes_add(total.recv, plan.steps_[i].bytes_recv_max);
+            total.send = bytes_add(total.send, plan.steps_[i].bytes_send_max);
+          }
+          plan.bytes_recv_max_ = total.recv;
+          plan.bytes_send_max_ = total.send;
           if (loses_at(plan.bytes_recv_max_, total_us)) {
             plan.pruned_ = true;
             return;
           }
         }
-      }
-      // Where only an exchange into or from a Partial does: its figures for every rank are known
-      // (costed above), and their maxima are the plan's.
-      if (varying_steps == 1 && varying == partial_step) {
-        Step& s = plan.steps_[varying];
-        std::int64_t send = 0, recv = 0;
-        double us = 0;
-        for (int r = 0; r < mesh.size(); ++r) {
-          send = partial.send[r] > send ? partial.send[r] : send;
-          recv = partial.recv[r] > recv ? partial.recv[r] : recv;
-          us = partial.us[r] > us ? partial.us[r] : us;
-        }
-        fold(s, {{bytes_mul(send, base.elem_bytes()), bytes_mul(recv, base.elem_bytes())}, us});
-        if (settle_loses(s)) {
-          plan.pruned_ = true;
-          return;
-        }
-        by_kind = true;
       }
       // Where only an exchange does (no Partial made or reduced, no relation found), on more than
       // 8 ranks, with every tensor dim cut at most once each side: one rank of each kind speaks

@@ -360,8 +360,9 @@ constexpr std::int64_t rows_saved(const static_vector<std::int64_t, max_reducing
   for (int j = 0; j < g; ++j) {
     if (cross[j] == 0) continue;
     auto at = [&](std::int64_t x) {
-      return static_cast<std::size_t>(std::lower_bound(ends.begin(), ends.begin() + n, x) -
-                                      ends.begin());
+      const auto first = ends.begin();
+      return static_cast<std::size_t>(
+          std::lower_bound(first, first + static_cast<std::ptrdiff_t>(n), x) - first);
     };
     for (std::size_t i = at(t_lo[j]), end = at(t_hi[j]); i < end; ++i)
       most[i] = cross[j] > most[i] ? cross[j] : most[i];
