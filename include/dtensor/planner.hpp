@@ -1475,16 +1475,21 @@ struct plan_builder {
           }
         }
       }
-      // Where only an exchange does (no Partial made or reduced, no relation found), on more than
-      // 8 ranks, with every tensor dim cut at most once each side: one rank of each kind speaks
-      // for the ranks of its kind (for_each_exchange_kind).
-      if (varying_steps == 1 && visited > 8 && !only_related && varying != partial_step &&
+      // Where only an exchange does (no Partial made or reduced), on more than 8 ranks, with
+      // every tensor dim cut at most once each side: one rank of each kind speaks for the ranks
+      // of its kind (for_each_exchange_kind). Where a relation was found, only where its kinds
+      // are found cheaply (a group of at most 256 coordinates), else the relation's visit costs
+      // less.
+      if (varying_steps == 1 && visited > 8 && varying != partial_step &&
           plan.steps_[varying].kind == StepKind::exchange) {
         Step& s = plan.steps_[varying];
-        by_kind = for_each_exchange_kind(base, s.before, s.after, [&](const MeshCoord& c) {
-          fold(s, rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
-                                 o.cost_model));
-        });
+        by_kind = for_each_exchange_kind(
+            base, s.before, s.after,
+            [&](const MeshCoord& c) {
+              fold(s, rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
+                                     o.cost_model));
+            },
+            only_related ? 256 : 4096);
         if (by_kind && settle_loses(s)) {
           plan.pruned_ = true;
           return;

@@ -49,12 +49,11 @@ struct BlockKinds {
 // Finds the kinds of block pair (before, after) of each group of tensor dims (see
 // for_each_block_shape), told apart by extents and overlaps and, where `with_pieces`, by the
 // number of non-empty pieces of `before`'s cut of each dim that meet the rank's range after.
-// Returns false where a group has more than max_kinds kinds or would visit more than max_visits
+// Returns false where a group has more than max_kinds kinds or would visit more than `max_visits`
 // coordinates, or, with pieces, where `before` cuts a dim more than once.
 constexpr bool block_kinds(const Layout& base, const Placements& before, const Placements& after,
-                           bool with_pieces, BlockKinds& out) {
+                           bool with_pieces, BlockKinds& out, int max_visits = 4096) {
   constexpr int max_kinds = BlockKinds::max_kinds;
-  constexpr int max_visits = 4096;
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim(), nd = base.tensor_ndim();
   int* group = out.group;
@@ -281,11 +280,11 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
 // each side. There the exchange costs a rank (exchange_cost) by its extents and overlaps along
 // every tensor dim and the number of source pieces that meet its target range (the messages it
 // receives): ranks that agree on those cost alike. Returns false, having called nothing, where a
-// dim is cut more than once, block_kinds finds too many kinds, or their combinations number more
-// than max_ranks.
+// dim is cut more than once, block_kinds finds too many kinds or would visit more than
+// `max_visits` coordinates of a group, or their combinations number more than max_ranks.
 template <class F>
 constexpr bool for_each_exchange_kind(const Layout& base, const Placements& before,
-                                      const Placements& after, F&& f) {
+                                      const Placements& after, F&& f, int max_visits = 4096) {
   constexpr std::int64_t max_ranks = 64;
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim(), nd = base.tensor_ndim();
@@ -294,7 +293,7 @@ constexpr bool for_each_exchange_kind(const Layout& base, const Placements& befo
   for (int k = 0; k < n; ++k)
     if (after[k].is_shard() && ++cuts_after[after[k].dim()] > 1) return false;
   BlockKinds kinds;  // NOLINT(cppcoreguidelines-pro-type-member-init): block_kinds writes it
-  if (!block_kinds(base, before, after, true, kinds)) return false;
+  if (!block_kinds(base, before, after, true, kinds, max_visits)) return false;
   std::int64_t ranks = 1;
   for (int g = 0; g < nd; ++g)
     if (kinds.group[g] == g) ranks *= kinds.kinds[g];
