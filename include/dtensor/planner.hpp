@@ -1375,12 +1375,21 @@ struct plan_builder {
       // pair of each kind. One varying step's maxima are the plan's figures; the sums of several
       // steps' maxima are where some rank is the busiest of each (no rank's sums exceed them):
       // the origin (its pieces are the largest: so it often is), or one of the first ranks busiest
-      // in the exchange. Otherwise every rank is visited.
+      // in the exchange. An exchange without Partial among several varying steps is costed by
+      // its kinds of rank (for_each_exchange_kind), the busiest of them asked. Otherwise every
+      // rank is visited.
       bool collectives = varying_steps > 0 && (visited > 8 || varying_steps == 1);
+      std::size_t plain = plan.steps_.size();  // that exchange without Partial
       for (std::size_t i = 0; i < plan.steps_.size() && collectives; ++i) {
         const Step& s = plan.steps_[i];
+        const bool kinds_of_exchange =
+            visited > 8 && varying_steps > 1 && partial_step == plan.steps_.size() &&
+            plain == plan.steps_.size() && s.kind == StepKind::exchange && !uniform[i] &&
+            !exchange_reduces(s.before, s.after) && !makes_partial(s.before, s.after) &&
+            cut_at_most_once(s.before, s.after);
+        if (kinds_of_exchange) plain = i;
         collectives =
-            !moves_data(s.kind) || uniform[i] || i == partial_step ||
+            !moves_data(s.kind) || uniform[i] || i == partial_step || kinds_of_exchange ||
             (visited > 8 && s.kind != StepKind::exchange && s.kind != StepKind::all_reduce);
       }
       const std::int64_t elem = base.elem_bytes();
@@ -1415,10 +1424,28 @@ struct plan_builder {
           return;
         }
         by_kind = true;
+        // The first ranks of the exchange's kinds busiest in it, receiving and sending.
+        constexpr int tries = 4;
+        static_vector<MeshCoord, tries> busiest_in[2];  // [0] receiving, [1] sending
+        std::int64_t most_in[2] = {-1, -1};
+        auto note = [&](int side, std::int64_t bytes, const MeshCoord& c) {
+          if (bytes > most_in[side]) most_in[side] = bytes, busiest_in[side].clear();
+          if (bytes == most_in[side] && !busiest_in[side].full()) busiest_in[side].push_back(c);
+        };
         // (Maxima folded before a fallback are some rank's: the visit below keeps them.)
         for (std::size_t i = 0; i < plan.steps_.size() && by_kind; ++i) {
           if (!varies(i)) continue;
           Step& s = plan.steps_[i];
+          if (i == plain) {
+            by_kind = for_each_exchange_kind(base, s.before, s.after, [&](const MeshCoord& c) {
+              const RankStepCost rc = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                     s.padded, c, o.cost_model);
+              fold(s, rc);
+              note(0, rc.bytes.recv, c);
+              note(1, rc.bytes.send, c);
+            });
+            continue;
+          }
           if (i == partial_step) {
             for (int r = 0; r < mesh.size(); ++r)
               fold(s, {{bytes_mul(partial.send[r], elem), bytes_mul(partial.recv[r], elem)},
@@ -1448,13 +1475,14 @@ struct plan_builder {
             if (!found && partial_step < plan.steps_.size()) {
               const Step& p = plan.steps_[partial_step];
               const std::int64_t most = recv ? p.bytes_recv_max : p.bytes_send_max;
-              constexpr int tries = 4;
               for (int r = 0, tried = 0; r < mesh.size() && !found && tried < tries; ++r)
                 if (bytes_mul(recv ? partial.recv[r] : partial.send[r], elem) == most) {
                   ++tried;
                   found = busiest_everywhere(mesh.coordinate_at(r), recv, false);
                 }
             }
+            for (const MeshCoord& c : busiest_in[recv ? 0 : 1])
+              found = found || busiest_everywhere(c, recv, false);
             by_kind = by_kind && found;
           }
         }

@@ -275,6 +275,17 @@ constexpr bool for_each_block_shape(const Layout& base, const Placements& before
   return true;
 }
 
+// Whether every tensor dim is cut by at most one mesh dim under `before` and under `after`, as
+// for_each_exchange_kind needs.
+constexpr bool cut_at_most_once(const Placements& before, const Placements& after) {
+  for (std::size_t k = 0; k < before.size(); ++k)
+    for (std::size_t j = k + 1; j < before.size(); ++j)
+      if ((before[k].is_shard() && before[j].is_shard() && before[k].dim() == before[j].dim()) ||
+          (after[k].is_shard() && after[j].is_shard() && after[k].dim() == after[j].dim()))
+        return false;
+  return true;
+}
+
 // Calls f(coord) for one rank of each kind of an exchange between placements `before` and
 // `after` (no Partial made or reduced) where every tensor dim is cut by at most one mesh dim on
 // each side. There the exchange costs a rank (exchange_cost) by its extents and overlaps along
