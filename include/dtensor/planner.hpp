@@ -1294,6 +1294,12 @@ struct plan_builder {
         double us;
       };
       KeyedMemo<Costed> costed;
+      // The exchange into or from a Partial's figures at rank index `at`, costed above.
+      auto partial_at = [&](int at) -> RankStepCost {
+        return {{bytes_mul(partial.send[at], base.elem_bytes()),
+                 bytes_mul(partial.recv[at], base.elem_bytes())},
+                partial.us[at]};
+      };
       auto visit = [&](const MeshCoord& c) {
         RankBytes total = uniform_total;
         double us = 0;
@@ -1312,10 +1318,7 @@ struct plan_builder {
               rc.us = known->us;
               have_known = false;
             } else if (i == partial_step) {  // costed above, for every rank: no blocks
-              const int at = mesh.index(c);
-              rc = {{bytes_mul(partial.send[at], base.elem_bytes()),
-                     bytes_mul(partial.recv[at], base.elem_bytes())},
-                    partial.us[at]};
+              rc = partial_at(mesh.index(c));
               have_known = false;
             } else {
               if (!have_known) have = base.local_box(s.before, c);
@@ -1392,16 +1395,12 @@ struct plan_builder {
             !moves_data(s.kind) || uniform[i] || i == partial_step || kinds_of_exchange ||
             (visited > 8 && s.kind != StepKind::exchange && s.kind != StepKind::all_reduce);
       }
-      const std::int64_t elem = base.elem_bytes();
       // What varying step i costs the rank at `c`.
       auto cost_at = [&](std::size_t i, const MeshCoord& c) -> RankStepCost {
         const Step& s = plan.steps_[i];
-        if (i != partial_step)
-          return rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
-                                o.cost_model);
-        const int at = mesh.index(c);
-        return {{bytes_mul(partial.send[at], elem), bytes_mul(partial.recv[at], elem)},
-                partial.us[at]};
+        if (i == partial_step) return partial_at(mesh.index(c));
+        return rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, s.padded, c,
+                              o.cost_model);
       };
       auto varies = [&](std::size_t i) { return moves_data(plan.steps_[i].kind) && !uniform[i]; };
       if (collectives) {
@@ -1447,9 +1446,7 @@ struct plan_builder {
             continue;
           }
           if (i == partial_step) {
-            for (int r = 0; r < mesh.size(); ++r)
-              fold(s, {{bytes_mul(partial.send[r], elem), bytes_mul(partial.recv[r], elem)},
-                       partial.us[r]});
+            for (int r = 0; r < mesh.size(); ++r) fold(s, partial_at(r));
             continue;
           }
           by_kind =
@@ -1476,7 +1473,8 @@ struct plan_builder {
               const Step& p = plan.steps_[partial_step];
               const std::int64_t most = recv ? p.bytes_recv_max : p.bytes_send_max;
               for (int r = 0, tried = 0; r < mesh.size() && !found && tried < tries; ++r)
-                if (bytes_mul(recv ? partial.recv[r] : partial.send[r], elem) == most) {
+                if (bytes_mul(recv ? partial.recv[r] : partial.send[r], base.elem_bytes()) ==
+                    most) {
                   ++tried;
                   found = busiest_everywhere(mesh.coordinate_at(r), recv, false);
                 }

@@ -299,10 +299,9 @@ constexpr bool for_each_exchange_kind(const Layout& base, const Placements& befo
   constexpr std::int64_t max_ranks = 64;
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim(), nd = base.tensor_ndim();
-  if (exchange_reduces(before, after) || makes_partial(before, after)) return false;
-  int cuts_after[max_tensor_dims] = {};  // (block_kinds declines a dim cut twice before)
-  for (int k = 0; k < n; ++k)
-    if (after[k].is_shard() && ++cuts_after[after[k].dim()] > 1) return false;
+  if (exchange_reduces(before, after) || makes_partial(before, after) ||
+      !cut_at_most_once(before, after))
+    return false;
   BlockKinds kinds;  // NOLINT(cppcoreguidelines-pro-type-member-init): block_kinds writes it
   if (!block_kinds(base, before, after, true, kinds, max_visits)) return false;
   std::int64_t ranks = 1;

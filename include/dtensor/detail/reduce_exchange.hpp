@@ -357,13 +357,13 @@ constexpr std::int64_t rows_saved(const static_vector<std::int64_t, max_reducing
   // The most of each segment [ends[i], ends[i+1]), i < n - 1 (the others are never read).
   std::int64_t most[std::size_t{2} * max_reducing_group];  // NOLINT(*-member-init): below
   for (std::size_t i = 0; i + 1 < n; ++i) most[i] = 0;
+  auto at = [&](std::int64_t x) {  // the index of end x
+    const auto first = ends.begin();
+    return static_cast<std::size_t>(
+        std::lower_bound(first, first + static_cast<std::ptrdiff_t>(n), x) - first);
+  };
   for (int j = 0; j < g; ++j) {
     if (cross[j] == 0) continue;
-    auto at = [&](std::int64_t x) {
-      const auto first = ends.begin();
-      return static_cast<std::size_t>(
-          std::lower_bound(first, first + static_cast<std::ptrdiff_t>(n), x) - first);
-    };
     for (std::size_t i = at(t_lo[j]), end = at(t_hi[j]); i < end; ++i)
       most[i] = cross[j] > most[i] ? cross[j] : most[i];
   }
