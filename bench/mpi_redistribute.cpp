@@ -7,8 +7,9 @@
 // single_copy_band_bytes in KiB; [async]: 1 to run each redistribution as
 // execute_async(...).wait(); [sizes]: the larger side per rank in KiB, comma-separated, by
 // default 1024,4096,16384,65536; [messages]: move_by_messages_below_bytes and
-// reduce_by_messages_from_bytes in KiB, "never" or "always" for both; "-" keeps an option's
-// default)
+// reduce_by_messages_from_bytes in KiB, "never" or "always" for both; [threads]:
+// single_copy_threads, 0 for as many as the rank has cores; [threads from]:
+// single_copy_threads_from_bytes in KiB; "-" keeps an option's default)
 #include <dtensor/backend/mpi.hpp>
 #include <dtensor/dtensor.hpp>
 #include <dtensor/execute.hpp>
@@ -78,6 +79,11 @@ int main(int argc, char** argv) {
                                             : m == "always" ? 0
                                                             : kib << 10;
   }
+  // [threads]: MpiBackend::Options::single_copy_threads.
+  if (given(9)) options.single_copy_threads = unsigned(std::max(0, std::atoi(argv[9])));
+  // [threads from KiB]: MpiBackend::Options::single_copy_threads_from_bytes.
+  if (given(10))
+    options.single_copy_threads_from_bytes = std::size_t(std::max(0, std::atoi(argv[10]))) << 10;
   MpiBackend backend(mesh, MPI_COMM_WORLD, options);
   struct Case {
     std::string_view name, from, to;
@@ -99,10 +105,11 @@ int main(int argc, char** argv) {
                         {"all_to_all_dtype", "S(0)", "S(1)", double(size - 1) / size}};
   if (rank == 0)
     fmt::print(
-        "# {} ranks, f32, median of {} runs; size = bytes per rank of the larger side\n"
+        "# {} ranks, f32, median of {} runs; size = bytes per rank of the larger side; {} "
+        "thread(s) per large single copy\n"
         "{:>16} {:>10} {:>12} {:>12} {:>10} {:>10} {:>8}\n",
-        size, iterations, "collective", "size", "dtensor us", "bare MPI us", "algbw", "busbw",
-        "ratio");
+        size, iterations, backend.single_copy_threads(), "collective", "size", "dtensor us",
+        "bare MPI us", "algbw", "busbw", "ratio");
   for (const Case& c : cases) {
     if (!c.name.starts_with(only)) continue;
     for (const std::int64_t kib : sizes_kib) {

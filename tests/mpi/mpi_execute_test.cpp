@@ -164,9 +164,10 @@ int main(int argc, char** argv) {
   // and the path taken wherever this machine lets ranks reach each other's memory. Each with
   // rows through the staging buffer, and with rows moved straight (single_copy_direct_write_ and
   // read_from_bytes 0), where strided all-gathers are read from the peers' sources too (they keep
-  // their datatypes otherwise); each in one band of rows and in bands of a few rows
-  // (single_copy_band_bytes 1000: one row per band where a row spans more). f32 runs blocking,
-  // bf16 through execute_async.
+  // their datatypes otherwise); each in one band of rows by this rank's thread alone, and in
+  // bands of a few rows (single_copy_band_bytes 1000: one row per band where a row spans more)
+  // shared between three threads (single_copy_threads). f32 runs blocking, bf16 through
+  // execute_async.
   const Strided single[] = {
       {"8", "S(0)", "S(1)", {16, 32}},        {"8", "S(0)", "S(1)", {64, 1024}},
       {"8", "S(0)", "S(2)", {16, 3, 16}},     {"8", "S(0)", "S(1)", {13, 24}},
@@ -186,7 +187,9 @@ int main(int argc, char** argv) {
                             .single_copy_from_bytes = 0,
                             .single_copy_direct_write_from_bytes = direct_from,
                             .single_copy_direct_read_from_bytes = direct_from,
-                            .single_copy_band_bytes = band});
+                            .single_copy_band_bytes = band,
+                            .single_copy_threads = band == one_band ? 1U : 3U,
+                            .single_copy_threads_from_bytes = 0});
         single_copies += backend.single_copy(mesh.ndim() - 1) ? 1 : 0;
         for (DType dtype : {DType::f32, DType::bf16}) {
           const Layout src(mesh, parse_placements(c.from), c.shape, dtype);

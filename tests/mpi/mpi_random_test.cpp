@@ -77,7 +77,7 @@ RandomCase draw(std::mt19937& rng) {
 
 // The backend's options for variant 0 (defaults), 1 (reductions, all-gathers and all-to-alls by
 // messages and single copy at any size, rows staged), 2 (the same, rows straight, in bands of a
-// row or a few) and 3 (none of them: MPI's collectives).
+// row or a few, three threads sharing them) and 3 (none of them: MPI's collectives).
 MpiBackend::Options backend_options(int variant) {
   MpiBackend::Options o;
   if (variant == 1 || variant == 2) {
@@ -87,7 +87,11 @@ MpiBackend::Options backend_options(int variant) {
     o.single_copy_from_bytes = 0;
     o.single_copy_direct_write_from_bytes = o.single_copy_direct_read_from_bytes =
         variant == 1 ? std::numeric_limits<std::size_t>::max() : 0;
-    if (variant == 2) o.single_copy_band_bytes = 64;  // bands of a row or a few
+    if (variant == 2) {
+      o.single_copy_band_bytes = 64;  // bands of a row or a few, split between three threads
+      o.single_copy_threads = 3;
+      o.single_copy_threads_from_bytes = 0;
+    }
   } else if (variant == 3) {
     o.reduce_by_messages_from_bytes = std::numeric_limits<std::size_t>::max();
     o.move_by_messages_below_bytes = 0;

@@ -27,10 +27,12 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #ifdef __linux__
+#include <sched.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #endif
@@ -177,6 +179,14 @@ class MpiBackend {
     // moves for every member before the next rows, so that it stays in cache (member by member,
     // the strided side was crossed once per member: 1.3-1.5 times slower at 64 MiB).
     std::size_t single_copy_band_bytes = std::size_t{1} << 20;
+    // Threads of this rank (itself one of them) that share the bands of one single copy that
+    // moves at least single_copy_threads_from_bytes (this rank's side, every member): 0 for as
+    // many as this rank has cores of its own, the fewer of the CPUs it may run on (its affinity)
+    // and the machine's CPUs over its ranks there, at most 8; 1 for none. The kernel's copy
+    // runs at the speed of one core: a bare MPI collective copies on one, and a rank given more
+    // (mpirun --map-by slot:PE=2) reads its peers' pieces on each.
+    unsigned single_copy_threads = 0;
+    std::size_t single_copy_threads_from_bytes = std::size_t{1} << 20;
     // From how many bytes of block (the first rank's) an even reduce-scatter or an all-reduce
     // runs as point-to-point rounds reduced by dtensor instead of MPI's collective: 0 always,
     // SIZE_MAX never (an MPI whose reductions are fast, e.g. across machines). The same on
@@ -352,6 +362,9 @@ class MpiBackend {
   [[nodiscard]] bool single_copy(int mesh_dim) const {
     return state_->single_copy[static_cast<std::size_t>(mesh_dim)] != 0;
   }
+  // How many threads of this rank share a large single copy (Options::single_copy_threads, 0
+  // resolved).
+  [[nodiscard]] unsigned single_copy_threads() const noexcept { return state_->copy_threads; }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
     Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
     wait(r);
@@ -632,6 +645,8 @@ class MpiBackend {
     std::vector<std::vector<int>> pids;
     // Per mesh dim: the single copies started on its group (their tags, start_single_copy).
     std::vector<unsigned> single_copies;
+    // Threads that share a large single copy (Options::single_copy_threads, find_single_copy).
+    unsigned copy_threads = 1;
     // Reduction ops per element type (by detail::dtype_index) and ReduceOp, made on first use.
     MPI_Op ops[8][5] = {};
     ExecutionQueue executions;
@@ -841,6 +856,15 @@ class MpiBackend {
     MPI_Comm_free(&node);
     const long cores = sysconf(_SC_NPROCESSORS_ONLN);
     const bool roomy = mode == SingleCopy::always || cores >= on_node;
+    st.copy_threads = options_.single_copy_threads;
+    if (st.copy_threads == 0) {
+      cpu_set_t allowed;
+      CPU_ZERO(&allowed);
+      const long mine =
+          sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 1;
+      st.copy_threads =
+          static_cast<unsigned>(std::clamp(std::min(mine, cores / std::max(1, on_node)), 1L, 8L));
+    }
     const int pid = static_cast<int>(getpid());
     for (std::size_t k = 0; k < st.groups.size(); ++k) {
       const MPI_Comm comm = st.groups[k];
@@ -880,6 +904,7 @@ class MpiBackend {
     }
 #else
     static_cast<void>(mode);
+    st.copy_threads = 1;
 #endif
   }
   // Whether a strided all-to-all on mesh dim k moving `runs` (its strided side)
@@ -974,8 +999,63 @@ class MpiBackend {
   // (pulling) and up go straight, one iovec each; shorter ones 64 KiB at a time, packed into or
   // unpacked from a staging buffer that stays in cache. This rank's own piece is a local copy
   // (into `local_out`, which is `exposed` when pushing). A failure is left in `sc` (no more
-  // copies are tried after it).
+  // copies are tried after it). From Options::single_copy_threads_from_bytes the bands are
+  // split between State::copy_threads threads, each a run of bands of its own.
   void single_copy_rows(SingleCopyRun& sc) {
+    const StridedPieces runs = sc.runs;
+    const auto g = static_cast<std::size_t>(mesh_.size(sc.k));
+    const std::size_t band = std::max<std::size_t>(
+        1, options_.single_copy_band_bytes / std::max<std::size_t>(1, runs.stride_bytes));
+    const std::size_t bands = runs.piece_bytes() == 0 ? 0 : (runs.rows + band - 1) / band;
+    const std::size_t threads = runs.piece_bytes() * g >= options_.single_copy_threads_from_bytes
+                                    ? std::min<std::size_t>(bands, state_->copy_threads)
+                                    : 1;
+    if (threads <= 1) {
+      single_copy_bands(sc, 0, runs.rows, band, sc.ok, sc.failure);
+      return;
+    }
+    // Thread t copies bands [t * bands / threads, (t + 1) * bands / threads); where a thread
+    // cannot be started, this one copies its bands after its own.
+    const auto rows_of = [&](std::size_t t) {
+      return std::min(runs.rows, t * bands / threads * band);
+    };
+    std::vector<int> oks(threads, 1), failures(threads, 0);
+    std::vector<std::size_t> left;
+    {
+      std::vector<std::jthread> workers;
+      workers.reserve(threads - 1);
+      for (std::size_t t = 1; t < threads; ++t) {
+        try {
+          workers.emplace_back(
+              [this, &sc, &oks, &failures, t, band, first = rows_of(t), last = rows_of(t + 1)] {
+                try {
+                  single_copy_bands(sc, first, last, band, oks[t], failures[t]);
+                } catch (const std::bad_alloc&) {  // its rows' iovecs or staging
+                  oks[t] = 0;
+                  failures[t] = ENOMEM;
+                }
+              });
+        } catch (const std::system_error&) {
+          left.push_back(t);
+        }
+      }
+      single_copy_bands(sc, 0, rows_of(1), band, oks[0], failures[0]);
+      for (const std::size_t t : left)
+        single_copy_bands(sc, rows_of(t), rows_of(t + 1), band, oks[t], failures[t]);
+    }  // joined
+    for (std::size_t t = 0; t < threads; ++t)
+      if (oks[t] == 0) {
+        sc.ok = 0;
+        sc.failure = failures[t];
+        return;
+      }
+  }
+
+  // single_copy_rows' copies of rows [first_row, last_row) (whole bands of `band` rows, the last
+  // one cut at last_row), every member's piece of a band before the next; a failure is left in
+  // `ok` and `failure`.
+  void single_copy_bands(const SingleCopyRun& sc, std::size_t first_row, std::size_t last_row,
+                         std::size_t band, int& ok, int& failure) const {
     const int k = sc.k;
     const bool push = sc.push;
     const void* const exposed = sc.exposed;
@@ -997,8 +1077,6 @@ class MpiBackend {
     std::vector<iovec> rows(direct ? std::min(rows_per, runs.rows) : 0);
     const std::vector<int>& pids = state_->pids[static_cast<std::size_t>(k)];
     const std::vector<std::uintptr_t>& where = sc.where;
-    int& ok = sc.ok;
-    int& failure = sc.failure;
     // Rows [row, row + m) of member j's piece: a local copy for this rank's own, else one
     // kernel call (straight, or through the staging buffer).
     const auto move_rows = [&](std::size_t j, std::size_t row, std::size_t m) {
@@ -1057,10 +1135,9 @@ class MpiBackend {
     };
     // Bands of rows whose strided side spans about Options::single_copy_band_bytes: every
     // member's piece of a band moves before the next band, so the band stays in cache.
-    const std::size_t band = std::max<std::size_t>(
-        1, options_.single_copy_band_bytes / std::max<std::size_t>(1, runs.stride_bytes));
-    for (std::size_t first = 0; first < runs.rows && runs.piece_bytes() != 0; first += band) {
-      const std::size_t last = std::min(runs.rows, first + band);
+    for (std::size_t first = first_row; first < last_row && runs.piece_bytes() != 0;
+         first += band) {
+      const std::size_t last = std::min(last_row, first + band);
       for (std::size_t step = 0; step < g; ++step)
         for (std::size_t row = first; row < last; row += rows_per)
           move_rows((me + step) % g, row, std::min(rows_per, last - row));
