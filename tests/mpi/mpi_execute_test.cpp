@@ -16,6 +16,8 @@
 #include <string_view>
 #include <tuple>
 
+#include <unistd.h>
+
 namespace {
 
 using namespace dtensor;
@@ -209,6 +211,20 @@ int main(int argc, char** argv) {
   if (world_rank == 0)
     fmt::print("single copy: {} of {} backends could reach their peers' memory\n", single_copies,
                4 * std::size(single));
+  // The threads of a large single copy: as given, or by default as many as this rank has
+  // cores of its own (1 when 8 ranks share fewer than 16 CPUs), at most 8.
+  {
+    const DeviceMesh mesh({world_size});
+    const MpiBackend given(mesh, MPI_COMM_WORLD, {.single_copy_threads = 5});
+    const MpiBackend automatic(mesh);
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    const unsigned threads = automatic.single_copy_threads();
+    verdicts.agree("single copy threads as given", given.single_copy_threads() == 5,
+                   fmt::format("{} threads, 5 given", given.single_copy_threads()));
+    verdicts.agree("single copy threads by default",
+                   threads >= 1 && threads <= 8 && (cpus / world_size > 1 || threads == 1),
+                   fmt::format("{} threads on {} CPUs for {} ranks", threads, cpus, world_size));
+  }
   // Gradients all-reduced in place (source and target one buffer), by MPI_IN_PLACE and by
   // messages, f32 and bf16.
   for (const std::size_t by_messages : {std::numeric_limits<std::size_t>::max(), std::size_t{0}})
