@@ -6,10 +6,11 @@
 #   bash scripts/device-check.sh run [gpu|mpi] [repeats]   # there, from the repository root
 #                                                          # (carry .device)
 #
-# `prepare` builds the CUDA/NCCL tests, bench_cuda and the MPI benchmarks, strips them into
+# `prepare` builds the CUDA/NCCL tests, bench_cuda and the MPI tests and benchmarks, strips them into
 # .device/bin, and fetches Debian's Open MPI packages into .device/debs (the lent machine has no
 # MPI); `run` unpacks Open MPI into /tmp/ompi, runs the GPU tests and benchmarks, then the MPI
-# benchmarks with 8 ranks on their own cores, and writes every log to $OUT (or .device/out).
+# tests and benchmarks with 8 ranks on cores of their own (two each, and one each), and writes
+# every log to $OUT (or .device/out).
 # .device/ is ignored by git (.git/info/exclude).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ if [[ $mode == prepare ]]; then
   grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >>.git/info/exclude
   cmake --preset release >/dev/null
   targets=(test_cuda_device_execute test_cuda_nccl bench_cuda bench_mpi_redistribute
-           bench_mpi_batch bench_mpi_all_to_all_paths)
+           bench_mpi_batch bench_mpi_all_to_all_paths test_mpi_execute test_mpi_random)
   cmake --build build/release --target "${targets[@]}"
   mkdir -p $dir/bin
   for t in "${targets[@]}"; do
@@ -71,8 +72,14 @@ fi
 if [[ $only == gpu ]]; then
   :
 elif source "$(dirname "$0")/device-mpi.sh" env /tmp/ompi $dir/debs; then
+  # A core per rank, and two (the machine's 16 cores shared out: a large single copy runs in
+  # two threads, MpiBackend::Options::single_copy_threads).
   mpi="mpirun -np 8 --bind-to core --map-by core"
+  mpi2="mpirun -np 8 --map-by slot:PE=2 --bind-to core"
+  step mpi_execute 120 $mpi2 $bin/test_mpi_execute
+  step mpi_random 120 $mpi2 $bin/test_mpi_random
   for ((r = 1; r <= repeats; ++r)); do
+    step mpi_redistribute_two_cores.$r 240 $mpi2 $bin/bench_mpi_redistribute 10
     step mpi_redistribute.$r 240 $mpi $bin/bench_mpi_redistribute 10
     step mpi_all_to_all_paths.$r 120 $mpi $bin/bench_mpi_all_to_all_paths 10
     step mpi_batch.$r 240 $mpi $bin/bench_mpi_batch 10
