@@ -363,7 +363,7 @@ class MpiBackend {
     return state_->single_copy[static_cast<std::size_t>(mesh_dim)] != 0;
   }
   // How many threads of this rank share a large single copy (Options::single_copy_threads, 0
-  // resolved).
+  // resolved; 1 under SingleCopy::never, where none runs).
   [[nodiscard]] unsigned single_copy_threads() const noexcept { return state_->copy_threads; }
   void all_gather_strided(int mesh_dim, const void* send, void* recv, StridedPieces pieces) {
     Request r = start_all_gather_strided(mesh_dim, send, recv, pieces);
@@ -904,7 +904,6 @@ class MpiBackend {
     }
 #else
     static_cast<void>(mode);
-    st.copy_threads = 1;
 #endif
   }
   // Whether a strided all-to-all on mesh dim k moving `runs` (its strided side)
