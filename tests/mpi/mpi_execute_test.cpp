@@ -121,9 +121,12 @@ int main(int argc, char** argv) {
   // partial received into the target or the block's slot sent the round before
   // (reduces_in_rounds): after an all-to-all into scratch nothing beyond that block, which is the
   // source's size; from the source itself, into staging. Column pieces (strided) and, from
-  // 1 MiB, row slabs (reduced by messages).
+  // 1 MiB, row slabs (reduced by messages). Uneven column pieces of a max (3, 3, 3 and 1 of 10)
+  // after an all-reduce into scratch: each partial received into the own piece's slot and
+  // reduced into the target after its round, so again nothing beyond the block.
   for (const Sized& c : {Sized{"2x4", "S(0),P", "S(1),S(1)", {8, 16}},
                          Sized{"2x4", "S(1),P(max)", "S(0),S(1)", {16, 32}},
+                         Sized{"2x4", "P(sum),P(max)", "R,S(1)", {7, 10}},
                          Sized{"2x4", "S(0),P", "S(1),S(0)", {512, 1024}},
                          Sized{"8", "P", "S(1)", {16, 32}}, Sized{"8", "P", "S(0)", {256, 1024}}})
     run_sized("bounded", c, {.memory = Memory::bounded},

@@ -415,15 +415,24 @@ inline bool scatters_by_messages(const StepContext& c, LinkAbilities a) {
   return scatters_by_messages(c.plan, c.step, c.even, a);
 }
 
+// Whether the result of reducing with `op` does not depend on the order its parts combine in
+// (max and min: the result is one of the parts; of several NaNs, the first met is kept).
+constexpr bool combines_in_any_order(ReduceOp op) noexcept {
+  return op == ReduceOp::max || op == ReduceOp::min;
+}
+
 // Whether a reduce-scatter run as point-to-point messages (run_exchange_reduce) runs as g - 1
 // rounds of one message each way instead of one round (under Memory::bounded): in round s each
 // member sends member me+s its partial of that member's piece and receives member me-s's partial
 // of its own. A member whose block it may overwrite (StepContext::block_writable) receives the
 // first into its target and each later one into the slot of the piece it sent the round before,
 // so that it stages nothing where one round stages g - 2 partials. For even pieces (a slot holds
-// a piece) sent from where they lie (a link with strided messages, or slabs of every block), at
-// least 3 members, on a link that may take several calls for a step (not a batch's round). Every
-// rank decides alike, from the step, the options and the global shape: the rounds meet the mesh.
+// a piece), or uneven ones under an op that combines in any order (max, min: the member copies
+// its own partial into the target, receives each other one into its own piece's slot and
+// reduces it into the target after each round), sent from where they lie (a link with strided
+// messages, or slabs of every block), at least 3 members, on a link that may take several calls
+// for a step (not a batch's round). Every rank decides alike, from the step, the options and the
+// global shape: the rounds meet the mesh.
 // (`is_even()`: whether the step is even, step_is_even; asked only past the cheaper tests.)
 template <class IsEven>
 bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEven&& is_even) {
@@ -431,7 +440,8 @@ bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEv
       step.kind != StepKind::reduce_scatter || plan.src().mesh().size(step.mesh_dim) < 3)
     return false;
   const bool even = is_even();
-  return even && scatters_by_messages(plan, step, even, a) &&
+  return (even || combines_in_any_order(step.before[step.mesh_dim].reduce_op())) &&
+         scatters_by_messages(plan, step, even, a) &&
          (a.strided_exchange || slabs_everywhere(plan, step));
 }
 inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
@@ -471,7 +481,8 @@ struct ExchangeReduceWay : Staging {
   bool strided = false;
   bool own_in_place = false;    // the own partial reduced from the block (slabs, or strided runs)
   bool rounds = false;          // g - 1 rounds of one message each way (reduces_in_rounds)
-  bool into_slots = false;      // the partials received into the block's sent slots: no staging
+  bool into_slots = false;      // the partials received into the block's slots: no staging
+  bool accumulates = false;     // into_slots with uneven pieces: each reduced after its round
   PieceRuns own_runs;           // where the own partial lies in the block (strided, in place)
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
 };
@@ -494,6 +505,7 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
   }
   w.rounds = reduces_in_rounds(c, a);
   w.into_slots = w.rounds && c.block_writable && w.own_in_place && (slabs || w.strided);
+  w.accumulates = w.into_slots && !c.even;
   w.at = packed_offsets(c, piece_of);
   w.send = slabs || w.strided ? 0 : w.at.back();
   w.recv = w.into_slots ? 0 : bytes_of(c.want, c.elem) * (w.own_in_place ? g - 2 : g - 1);
@@ -542,7 +554,9 @@ void reduce_rows(const Ops& ops, DType dtype, std::byte* out, const std::vector<
 // Each member sends every other member its partial of that member's piece (`piece_of(j)`,
 // inside the block), then reduces the g partials of its own piece (c.want) in group order, so
 // that members with the same piece compute bit-identical values. In one round, or in g - 1
-// (reduces_in_rounds), where a writable block takes the partials in the slots already sent.
+// (reduces_in_rounds), where a writable block takes the partials in the slots already sent;
+// with uneven pieces (max, min) each partial in turn in the own piece's slot, reduced into the
+// target after its round (members with the same piece still combine in the same order).
 template <class L, class Ops, class Piece>
 Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext& c,
                                       const std::byte* cur, std::byte* out, bool slabs,
@@ -567,19 +581,32 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
     return *runs_of(piece_of(j), c.have, c.elem);
   };
   std::size_t next = 0;  // partials staged so far; the first lies in the target (`out`)
+  // accumulates: where each other member's partial is received, the own piece's slot.
+  PieceRuns own_slot{};
+  std::byte* own_at = nullptr;
+  if (w.accumulates && own_bytes) {
+    own_slot = slot(me);
+    // The block is scratch or the caller's target (block_writable), never the source.
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast)
+    own_at = const_cast<std::byte*>(cur) + own_slot.offset;
+  }
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
     Messages& m = to[u];
-    if (j == me && slabs) {
+    if (w.accumulates) {
+      if (j == me) {  // the first part, copied into the target before its slot is reused
+        if (own_bytes) copy_piece(ops, cur, c.have, out, c.want, c.want, c.elem);
+        continue;
+      }
+      if (own_bytes) m.recv(global_rank(c, j), own_at, own_slot.runs);
+    } else if (j == me && slabs) {
       parts[u] = cur + slab_offset(c.want, c.have, c.elem);
       continue;
-    }
-    if (j == me && w.own_in_place) {  // reduced from the block, run by run
+    } else if (j == me && w.own_in_place) {  // reduced from the block, run by run
       parts[u] = cur + w.own_runs.offset;
       strided_part[u] = true;
       continue;
-    }
-    if (j != me && w.into_slots) {
+    } else if (j != me && w.into_slots) {
       // From member me-1 into the target; from member me-s (s >= 2) into the slot of the piece
       // sent in round s-1, member me+s-1's.
       const int s = ((me - j) % g + g) % g;  // j = me - s
@@ -616,6 +643,8 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
       m.send(global_rank(c, j), b.send + w.at[u], w.at[u + 1] - w.at[u]);
     }
   }
+  const DType dtype = c.plan.src().dtype();
+  const ReduceOp op = c.step.before[k].reduce_op();
   if (w.rounds) {
     // Round s: the message to member me+s, the partial from member me-s.
     for (int s = 1; s < g; ++s) {
@@ -625,6 +654,12 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
       round.sends = out_to.sends;
       round.recvs = in_from.recvs;
       co_await send_and_receive(link, round);
+      if (!w.accumulates || !own_bytes) continue;
+      const std::vector<const void*> both{out, own_at};
+      if (slabs)
+        ops.reduce(dtype, out, both, static_cast<std::size_t>(c.want.numel()), op);
+      else
+        reduce_with_runs(ops, dtype, out, both, 1, own_at, own_slot.runs, c.elem, op);
     }
   } else {
     Messages all;
@@ -634,9 +669,7 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
     }
     co_await send_and_receive(link, all);
   }
-  const DType dtype = c.plan.src().dtype();
-  const ReduceOp op = c.step.before[k].reduce_op();
-  if (own_bytes == 0) co_return b.allocated();
+  if (own_bytes == 0 || w.accumulates) co_return b.allocated();
   if (w.into_slots && !slabs) {
     reduce_rows(ops, dtype, out, parts, strided_part, w.own_runs.runs, c.elem, op);
   } else if (slabs || !w.own_in_place) {
