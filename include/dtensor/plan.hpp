@@ -79,8 +79,9 @@ enum class Memory : std::uint8_t {
   any,      // whatever the cheapest plan holds
   bounded,  // on every rank, no block between steps larger than the larger of its source and
             // target blocks, wherever some candidate plan allows it; uneven pieces move at their
-            // exact sizes (Padding::automatic pads nothing); the executor runs a collective
-            // whose staging would not fit beside them in bands of rows (docs/execution.md)
+            // exact sizes (Padding::automatic pads nothing), and no group's block is cut by
+            // elements; the executor runs a collective whose staging would not fit beside them
+            // in bands of rows (docs/execution.md)
 };
 
 // Choices for plan_redistribute.

@@ -926,7 +926,10 @@ struct plan_builder {
       return plan;
     }
     cost(plan, incumbent != nullptr && !incumbent->pruned_ ? incumbent : nullptr, probe, false);
-    if (!plan.pruned_ && options.memory == Memory::bounded) plan.fits_ = blocks_within_ends(plan);
+    // A group cut by elements stages its members' partials of a run beside the whole rows (or
+    // packed columns) around it, past the larger end in most cases: counted as not fitting.
+    if (!plan.pruned_ && options.memory == Memory::bounded)
+      plan.fits_ = blocks_within_ends(plan) && !by_elements;
     return plan;
   }
 
