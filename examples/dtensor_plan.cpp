@@ -256,23 +256,30 @@ std::string json_list(const V& v) {
   return out + "]";
 }
 
-// The plan's scratch on the strided backends (MPI, the simulator) against issue 5's bound.
+// The plan's scratch on the strided backends (MPI, the simulator) and on a backend that packs
+// (NCCL) against issue 5's bound.
 struct MemoryReport {
   std::int64_t strided = 0;  // workspace_bytes<SimulatedBackend>: the busiest rank's
   bool within_ends = true;   // every rank's at most the larger of its source and target blocks
+  bool packing_within_ends = true;  // the same on a backend that packs
   bool blocks_within_ends = true;
   std::vector<std::int64_t> per_rank;  // every global rank's workspace_bytes<SimulatedBackend>
+  std::vector<std::int64_t> packing;   // every global rank's on a backend that packs
 };
 
 MemoryReport memory_report(const Plan& plan) {
   MemoryReport m;
   m.blocks_within_ends = blocks_within_ends(plan);
-  for (int rank = 0; rank < plan.src().mesh().size(); ++rank) {
+  const DeviceMesh& mesh = plan.src().mesh();
+  for (int rank = 0; rank < mesh.size(); ++rank) {
+    const std::int64_t ends = std::max(plan.src().local_bytes(rank), plan.dst().local_bytes(rank));
     const std::int64_t held = workspace_bytes<SimulatedBackend>(plan, rank);
+    const std::int64_t packed = detail::rank_workspace_bytes(plan, mesh.coordinate(rank), 0);
     m.per_rank.push_back(held);
+    m.packing.push_back(packed);
     m.strided = std::max(m.strided, held);
-    m.within_ends = m.within_ends &&
-                    held <= std::max(plan.src().local_bytes(rank), plan.dst().local_bytes(rank));
+    m.within_ends = m.within_ends && held <= ends;
+    m.packing_within_ends = m.packing_within_ends && packed <= ends;
   }
   return m;
 }
@@ -310,21 +317,23 @@ void print_json(const Plan& plan, std::string_view kind) {
   out += fmt::format(
       "],\"bytes_recv_max\":{},\"bytes_send_max\":{},\"lower_bound_bytes_recv_max\":{},"
       "\"est_us\":{:.4f},\"workspace_bytes\":{},\"workspace_bytes_strided\":{},"
-      "\"scratch_within_ends\":{},\"blocks_within_ends\":{},\"runs_in_place\":{},\"ranks\":[",
+      "\"scratch_within_ends\":{},\"scratch_within_ends_packing\":{},\"blocks_within_ends\":{},"
+      "\"runs_in_place\":{},\"ranks\":[",
       plan.bytes_recv_max(), plan.bytes_send_max(), plan.lower_bound_bytes_recv_max(),
-      plan.est_us(), workspace_bytes(plan), m.strided, m.within_ends, m.blocks_within_ends,
-      runs_in_place(plan));
+      plan.est_us(), workspace_bytes(plan), m.strided, m.within_ends, m.packing_within_ends,
+      m.blocks_within_ends, runs_in_place(plan));
   for (int i = 0; i < mesh.size(); ++i) {
     const int rank = mesh.rank_at(i);
 
     const RankBytes bytes = rank_bytes(plan, rank);
     out += fmt::format(
         "{}{{\"rank\":{},\"coord\":{},\"src_offset\":{},\"src_shape\":{},\"dst_offset\":{},"
-        "\"dst_shape\":{},\"bytes_recv\":{},\"bytes_send\":{},\"workspace_bytes_strided\":{}}}",
+        "\"dst_shape\":{},\"bytes_recv\":{},\"bytes_send\":{},\"workspace_bytes\":{},"
+        "\"workspace_bytes_strided\":{}}}",
         i ? "," : "", rank, json_list(mesh.coordinate(rank)), json_list(src.global_offset(rank)),
         json_list(src.local_shape(rank)), json_list(dst.global_offset(rank)),
         json_list(dst.local_shape(rank)), bytes.recv, bytes.send,
-        m.per_rank[static_cast<std::size_t>(rank)]);
+        m.packing[static_cast<std::size_t>(rank)], m.per_rank[static_cast<std::size_t>(rank)]);
   }
   out += "]}\n";
   fmt::print("{}", out);

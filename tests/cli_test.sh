@@ -36,16 +36,21 @@ expect_in "memory bounded" "(within the larger of each rank's source and target 
 check "scratch in rounds" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'S(0),P(sum)' \
   --to 'S(1),S(1)' --memory bounded
 expect_in "scratch in rounds" "256 B on MPI and the simulator (within the larger"
-check "scratch over the ends" 0 "$tool" --mesh 2x4 --shape 7x10 --from 'P(sum),P(max)' \
+check "scratch over the ends" 0 "$tool" --mesh 2x4 --shape 7x10 --from 'P(max),P(sum)' \
   --to 'R,S(1)' --memory bounded
 expect_in "scratch over the ends" "448 B on MPI and the simulator (over the larger"
+# The same of a max: its uneven pieces are reduced in rounds into the own piece's slot.
+check "max in rounds" 0 "$tool" --mesh 2x4 --shape 7x10 --from 'P(sum),P(max)' \
+  --to 'R,S(1)' --memory bounded
+expect_in "max in rounds" "280 B on MPI and the simulator (within the larger"
 check "in place" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'R,R'
 expect_in "in place" "runs in place (one buffer for source and target)"
 check "in place json" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'R,R' --json
 expect_in "in place json" '"runs_in_place":true'
 check "scratch json" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'S(0),S(1)' --json
 expect_in "scratch json" '"workspace_bytes":256,"workspace_bytes_strided":128,"scratch_within_ends":true'
-expect_in "scratch json" '"workspace_bytes_strided":128}'
+expect_in "scratch json" '"workspace_bytes":256,"workspace_bytes_strided":128}'
+expect_in "scratch json" '"scratch_within_ends_packing":true'
 expect_in "scratch json" '"runs_in_place":false'
 check "json" 0 "$tool" --mesh 2x4 --shape 1024x4096 --dtype bf16 --from 'S(0),R' --to 'R,S(1)' --json
 for key in '"mesh":[2,4]' '"shape":[1024,4096]' '"dtype":"bf16"' '"elem_bytes":2' \
