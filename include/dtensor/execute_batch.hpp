@@ -199,6 +199,25 @@ std::size_t batched_all_gather_from(const B& backend) {
     return batched_all_gather_from<B>();
 }
 
+// The bytes from which a batch's all-to-all and all-gather rounds run from the tensors' buffers.
+struct RoundThresholds {
+  std::size_t all_to_all = 0, all_gather = 0;
+};
+
+// A batch's thresholds on a backend whose own are `all_to_all` and `all_gather`
+// (batched_all_to_all_from, batched_all_gather_from): those, or for a batch planned under
+// Memory::bounded every size where the backend runs such rounds from the buffers at all (a packed
+// all-to-all holds the packed block on both sides, twice the larger end; from the buffers it holds
+// none), whatever that costs in speed.
+template <std::size_t N>
+RoundThresholds round_thresholds(const BatchPlan<N>& batch, std::size_t all_to_all,
+                                 std::size_t all_gather) {
+  constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+  if (batch.empty() || batch[0].options().memory != Memory::bounded)
+    return {all_to_all, all_gather};
+  return {all_to_all == never ? never : 0, all_gather == never ? never : 0};
+}
+
 // A batch's all-reduce round of `count` elements in `packed`, in place, as two point-to-point
 // rounds (reduces_round_by_messages): the packed block's g balanced slices reduce-scattered, the
 // partials of this member's slice in the send packing buffer and reduced here in group order,
@@ -242,14 +261,12 @@ inline bool all_reduces_from_buffers(std::size_t total, std::size_t g, std::size
 // `reduce_by_messages` (reduces_round_by_messages): an all-reduce's two (batch_link_operations).
 template <class B>
 Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers,
-                     bool reduce_by_messages) {
+                     bool reduce_by_messages, RoundThresholds from) {
   B& backend = link.backend;
   const auto local = local_ops_of(backend);
   // From how many bytes the all-to-all and all-gather rounds run from the tensors' buffers.
-  [[maybe_unused]] const std::size_t all_to_all_from =
-      batched_all_to_all_from(std::as_const(backend));
-  [[maybe_unused]] const std::size_t all_gather_from =
-      batched_all_gather_from(std::as_const(backend));
+  [[maybe_unused]] const std::size_t all_to_all_from = from.all_to_all;
+  [[maybe_unused]] const std::size_t all_gather_from = from.all_gather;
   using Packing = PackingBuffers<B>;
   const ParkedOp& first = *ops.front();
   using Kind = ParkedOp::Kind;
@@ -655,13 +672,16 @@ bool reduces_round_by_messages(const BatchPlan<N>& batch, std::size_t r, std::si
 namespace detail {
 
 // workspace_bytes(batch) on a backend that runs an all-to-all round of at least
-// `batched_all_to_all` packed bytes, and an all-gather round of at least `batched_all_gather`
-// gathered bytes, from the tensors' buffers (batched_all_to_all_from, batched_all_gather_from),
-// packing nothing for them.
+// `all_to_all_from` packed bytes, and an all-gather round of at least `all_gather_from` gathered
+// bytes, from the tensors' buffers (batched_all_to_all_from, batched_all_gather_from; for a batch
+// under Memory::bounded, round_thresholds), packing nothing for them.
 template <std::size_t N>
-std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t batched_all_to_all,
-                                   std::size_t batched_all_gather, std::size_t reduce_messages) {
+std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t all_to_all_from,
+                                   std::size_t all_gather_from, std::size_t reduce_messages) {
   if (batch.empty()) return 0;
+  const RoundThresholds from = round_thresholds(batch, all_to_all_from, all_gather_from);
+  const std::size_t batched_all_to_all = from.all_to_all;
+  const std::size_t batched_all_gather = from.all_gather;
   const DeviceMesh& mesh = batch[0].src().mesh();
   std::int64_t most = 0;
   for (int i = 0; i < mesh.size(); ++i) {
@@ -750,7 +770,8 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
 // BatchedAllToAll backend an all-to-all round packs nothing (on MPI, from 512 KiB of packed
 // pieces up), nor does a reduce-scatter round by messages (on MPI, from 1 MiB packed), which
 // stages the g partials of this member's pieces (g - 1 beside the packed block elsewhere); on
-// a BatchedAllGather backend an all-gather round packs nothing (on MPI, from 512 KiB gathered),
+// a BatchedAllGather backend an all-gather round packs nothing (on MPI, from 512 KiB gathered;
+// under Memory::bounded both at any size),
 // and on one with both an all-reduce round by messages whose blocks cut into g equal slices
 // stages the partials of this member's slices only.
 template <Backend B, std::size_t N>
@@ -878,6 +899,9 @@ Task<void> run_batch(const BatchPlan<N>& batch, Link<B> link, std::vector<Tensor
                      std::vector<MeshCoord> me, std::int64_t* scratch_peak) {
   const std::size_t n = batch.size();
   const std::size_t reduce_messages = reduce_messages_from(link.backend);
+  const RoundThresholds from =
+      round_thresholds(batch, batched_all_to_all_from(std::as_const(link.backend)),
+                       batched_all_gather_from(std::as_const(link.backend)));
   std::vector<ParkedOp> slots(n);
   std::vector<std::int64_t> peaks(n, 0);
   std::vector<Task<void>> tasks;
@@ -904,7 +928,8 @@ Task<void> run_batch(const BatchPlan<N>& batch, Link<B> link, std::vector<Tensor
       ++next[t];
     }
     if (round.empty()) fail<why::batch_internal>(n, r);
-    co_await run_round(link, round, packing, reduces_round_by_messages(batch, r, reduce_messages));
+    co_await run_round(link, round, packing, reduces_round_by_messages(batch, r, reduce_messages),
+                       from);
     for (ParkedOp* op : round) {
       op->parked = false;
       const auto t = static_cast<std::size_t>(op - slots.data());

@@ -180,6 +180,29 @@ int main(int argc, char** argv) {
                          on_last("S(2)", "R", {g, 3, 2 * g * rows}, DType::i64),
                          on_last("S(0)", "R", {8 * g * rows, g}, DType::i32)});
     static_assert(BatchedAllToAll<MpiBackend> && BatchedAllGather<MpiBackend>);
+    // Under Memory::bounded the small all-to-all and all-gather rounds above run from the
+    // tensors' buffers too, on the default backend (round_thresholds): no packing, so the scratch
+    // stays within the packed larger side, where packed the all-to-all holds twice it.
+    for (const std::size_t small : {batches.size() - 4, batches.size() - 2}) {
+      const std::vector<Redistribution>& tensors = batches[small];
+      const auto fast = std::make_unique<BatchPlan<16>>(plan_batch<16>(tensors));
+      const auto bounded = std::make_unique<BatchPlan<16>>(
+          plan_batch<16>(tensors, PlanOptions{.memory = Memory::bounded}));
+      std::int64_t larger = 0;
+      for (const Plan& p : *bounded)
+        larger += std::max(p.src().local_bytes(world_rank), p.dst().local_bytes(world_rank));
+      const Blocks b = blocks_of(*bounded, world_rank);
+      std::string problem = run_and_check(*bounded, backend, b.buffers, b.out, world_rank);
+      const std::int64_t held = workspace_bytes(*bounded, backend);
+      if (problem.empty() && (held > larger || held >= workspace_bytes(*fast, backend)))
+        problem = fmt::format("rank {}: {} bytes of scratch bounded, {} not, packed larger side {}",
+                              world_rank, held, workspace_bytes(*fast, backend), larger);
+      verdicts.agree(
+          fmt::format("mesh {}, a small batch under Memory::bounded from the tensors' "
+                      "buffers ({})",
+                      spelling, small == batches.size() - 4 ? "all-to-all" : "all-gather"),
+          problem.empty(), problem);
+    }
     for (const std::vector<Redistribution>& tensors : batches) {
       const int size = static_cast<int>(tensors.size());
       for (const BatchSchedule how : {BatchSchedule::fused, BatchSchedule::fewest_calls})
