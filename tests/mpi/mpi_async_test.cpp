@@ -76,8 +76,9 @@ std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
       // reduce-scatters over 4 in 3 rounds (reduces_in_rounds): 3 operations
       {"S(0),P", "S(1),S(1)", {8, 16}, DType::f32, Objective::time, Memory::bounded},
       {"R,P(max)", "R,S(1)", {8, 16}, DType::bf16, Objective::time, Memory::bounded},
-      // uneven pieces of a max over 4 in 3 rounds, each reduced after it
-      {"P(sum),P(max)", "R,S(1)", {7, 10}, DType::f32, Objective::time, Memory::bounded}};
+      // uneven pieces of a max, and of an i64 sum, over 4 in 3 rounds, each reduced after it
+      {"P(sum),P(max)", "R,S(1)", {7, 10}, DType::f32, Objective::time, Memory::bounded},
+      {"P(max),P(sum)", "R,S(1)", {7, 10}, DType::i64, Objective::time, Memory::bounded}};
   std::vector<Job> jobs;
   const int rank = backend.rank();
   for (const Case& c : cases) {

@@ -421,18 +421,30 @@ constexpr bool combines_in_any_order(ReduceOp op) noexcept {
   return op == ReduceOp::max || op == ReduceOp::min;
 }
 
+// Whether parts of `dtype` reduced with `op` may be folded into the target one at a time, the
+// running result stored in the target between parts, with the same bits as reducing them all at
+// once in that order: max and min, or a sum or a product where the arithmetic happens in the
+// type itself (not f16 or bf16, which accumulate in float and would round at every part; not
+// avg, which divides once at the end).
+constexpr bool folds_one_at_a_time(ReduceOp op, DType dtype) noexcept {
+  if (combines_in_any_order(op)) return true;
+  return (op == ReduceOp::sum || op == ReduceOp::product) && dtype != DType::f16 &&
+         dtype != DType::bf16;
+}
+
 // Whether a reduce-scatter run as point-to-point messages (run_exchange_reduce) runs as g - 1
 // rounds of one message each way instead of one round (under Memory::bounded): in round s each
 // member sends member me+s its partial of that member's piece and receives member me-s's partial
 // of its own. A member whose block it may overwrite (StepContext::block_writable) receives the
 // first into its target and each later one into the slot of the piece it sent the round before,
 // so that it stages nothing where one round stages g - 2 partials. For even pieces (a slot holds
-// a piece), or uneven ones under an op that combines in any order (max, min: the member copies
-// its own partial into the target, receives each other one into its own piece's slot and
-// reduces it into the target after each round), sent from where they lie (a link with strided
-// messages, or slabs of every block), at least 3 members, on a link that may take several calls
-// for a step (not a batch's round). Every rank decides alike, from the step, the options and the
-// global shape: the rounds meet the mesh.
+// a piece), or uneven ones whose parts fold one at a time (folds_one_at_a_time: the member
+// copies its own partial into the target, receives each other one into its own piece's slot and
+// reduces it into the target after each round; every member combines its parts in the order of
+// the rounds, its own, member me-1's, me-2's, ...), sent from where they lie (a link with
+// strided messages, or slabs of every block), at least 3 members, on a link that may take
+// several calls for a step (not a batch's round). Every rank decides alike, from the step, the
+// options and the global shape: the rounds meet the mesh.
 // (`is_even()`: whether the step is even, step_is_even; asked only past the cheaper tests.)
 template <class IsEven>
 bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEven&& is_even) {
@@ -440,7 +452,8 @@ bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEv
       step.kind != StepKind::reduce_scatter || plan.src().mesh().size(step.mesh_dim) < 3)
     return false;
   const bool even = is_even();
-  return (even || combines_in_any_order(step.before[step.mesh_dim].reduce_op())) &&
+  return (even ||
+          folds_one_at_a_time(step.before[step.mesh_dim].reduce_op(), plan.src().dtype())) &&
          scatters_by_messages(plan, step, even, a) &&
          (a.strided_exchange || slabs_everywhere(plan, step));
 }
@@ -482,7 +495,8 @@ struct ExchangeReduceWay : Staging {
   bool own_in_place = false;    // the own partial reduced from the block (slabs, or strided runs)
   bool rounds = false;          // g - 1 rounds of one message each way (reduces_in_rounds)
   bool into_slots = false;      // the partials received into the block's slots: no staging
-  bool accumulates = false;     // into_slots with uneven pieces: each reduced after its round
+  bool rotated = false;         // rounds with uneven pieces: parts combine in round order
+  bool accumulates = false;     // into_slots and rotated: each part reduced after its round
   PieceRuns own_runs;           // where the own partial lies in the block (strided, in place)
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
 };
@@ -505,7 +519,8 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
   }
   w.rounds = reduces_in_rounds(c, a);
   w.into_slots = w.rounds && c.block_writable && w.own_in_place && (slabs || w.strided);
-  w.accumulates = w.into_slots && !c.even;
+  w.rotated = w.rounds && !c.even;
+  w.accumulates = w.into_slots && w.rotated;
   w.at = packed_offsets(c, piece_of);
   w.send = slabs || w.strided ? 0 : w.at.back();
   w.recv = w.into_slots ? 0 : bytes_of(c.want, c.elem) * (w.own_in_place ? g - 2 : g - 1);
@@ -555,8 +570,9 @@ void reduce_rows(const Ops& ops, DType dtype, std::byte* out, const std::vector<
 // inside the block), then reduces the g partials of its own piece (c.want) in group order, so
 // that members with the same piece compute bit-identical values. In one round, or in g - 1
 // (reduces_in_rounds), where a writable block takes the partials in the slots already sent;
-// with uneven pieces (max, min) each partial in turn in the own piece's slot, reduced into the
-// target after its round (members with the same piece still combine in the same order).
+// with uneven pieces (folds_one_at_a_time) each partial in turn in the own piece's slot, reduced
+// into the target after its round, and the parts combine in round order (own, me-1, me-2, ...)
+// whether the block is writable or not, so members with the same piece still combine alike.
 template <class L, class Ops, class Piece>
 Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext& c,
                                       const std::byte* cur, std::byte* out, bool slabs,
@@ -670,13 +686,24 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
     co_await send_and_receive(link, all);
   }
   if (own_bytes == 0 || w.accumulates) co_return b.allocated();
+  auto own_part = static_cast<std::size_t>(me);
+  if (w.rotated) {  // round order: part p is member me-p's
+    const std::vector<const void*> by_member = parts;
+    const std::vector<bool> strided_by_member = strided_part;
+    for (int p = 0; p < g; ++p) {
+      const auto from = static_cast<std::size_t>(member(-p));
+      parts[static_cast<std::size_t>(p)] = by_member[from];
+      strided_part[static_cast<std::size_t>(p)] = strided_by_member[from];
+    }
+    own_part = 0;
+  }
   if (w.into_slots && !slabs) {
     reduce_rows(ops, dtype, out, parts, strided_part, w.own_runs.runs, c.elem, op);
   } else if (slabs || !w.own_in_place) {
     ops.reduce(dtype, out, parts, static_cast<std::size_t>(c.want.numel()), op);
   } else {
-    reduce_with_runs(ops, dtype, out, parts, static_cast<std::size_t>(me), cur + w.own_runs.offset,
-                     w.own_runs.runs, c.elem, op);
+    reduce_with_runs(ops, dtype, out, parts, own_part, cur + w.own_runs.offset, w.own_runs.runs,
+                     c.elem, op);
   }
   co_return b.allocated();
 }

@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""How many of the comparison's cases hold more scratch than the larger of a rank's source and
+target blocks: docs/execution.md's memory table (issue 5), from `dtensor-plan --json`'s
+`scratch_within_ends` (strided backends: MPI, the simulator) and `scratch_within_ends_packing`
+(backends that pack: NCCL), under both objectives, with and without `Memory::bounded`.
+
+    python3 bench/compare_pytorch/memory_table.py [--plan build/dev/examples/dtensor-plan]
+                                                  [--list ROW]
+
+Standard library only. `--list ROW` also prints the cases over the bound in that row
+(`time`, `bytes`, `time,bounded`, `bytes,bounded`; packing and strided)."""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cases import Case, matrix_cases, mixed_cases, timing_cases  # noqa: E402
+
+ROWS = {"time": [], "bytes": ["--objective", "bytes"],
+        "time,bounded": ["--memory", "bounded"],
+        "bytes,bounded": ["--objective", "bytes", "--memory", "bounded"]}
+BACKENDS = {"packing": "scratch_within_ends_packing", "strided": "scratch_within_ends"}
+
+
+def over_bound(tool: str, case: Case, extra: list[str]) -> dict[str, bool]:
+    """Whether the case's plan holds more than the bound on some rank, per kind of backend."""
+    out = subprocess.run([tool, *case.args(), "--json", *extra], capture_output=True, text=True,
+                         check=True).stdout
+    plan = json.loads(out)
+    return {b: not plan[key] for b, key in BACKENDS.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--plan", default="build/dev/examples/dtensor-plan")
+    parser.add_argument("--list", choices=list(ROWS), action="append", default=[])
+    args = parser.parse_args()
+    cases = matrix_cases() + mixed_cases() + timing_cases()
+    print(f"{len(cases)} cases; plans over the larger of a rank's blocks on some rank:\n")
+    print("| objective | backend | all | even | uneven |\n|---|---|---|---|---|")
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        for row, extra in ROWS.items():
+            results = list(pool.map(lambda c, e=extra: over_bound(args.plan, c, e), cases))
+            for backend in BACKENDS:
+                over = [c for c, r in zip(cases, results) if r[backend]]
+                uneven = sum(1 for c in over if c.shape == (7, 10))
+                print(f"| {row} | {backend} | {len(over)} | {len(over) - uneven} | {uneven} |")
+                if row in args.list:
+                    for c in over:
+                        print(f"    {c.name()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
