@@ -78,7 +78,9 @@ std::vector<Job> make_jobs(const DeviceMesh& mesh, MpiBackend& backend) {
       {"R,P(max)", "R,S(1)", {8, 16}, DType::bf16, Objective::time, Memory::bounded},
       // uneven pieces of a max, and of an i64 sum, over 4 in 3 rounds, each reduced after it
       {"P(sum),P(max)", "R,S(1)", {7, 10}, DType::f32, Objective::time, Memory::bounded},
-      {"P(max),P(sum)", "R,S(1)", {7, 10}, DType::i64, Objective::time, Memory::bounded}};
+      {"P(max),P(sum)", "R,S(1)", {7, 10}, DType::i64, Objective::time, Memory::bounded},
+      // an exchange from a Partial whose parts reduce in one round per member (4), then delivered
+      {"S(1),P", "R,S(1)", {7, 10}, DType::f32, Objective::bytes, Memory::bounded}};
   std::vector<Job> jobs;
   const int rank = backend.rank();
   for (const Case& c : cases) {

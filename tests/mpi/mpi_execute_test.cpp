@@ -98,6 +98,7 @@ int main(int argc, char** argv) {
   struct Sized {
     std::string_view mesh, from, to;
     Shape shape;
+    Objective objective = Objective::time;
   };
   auto run_sized = [&](std::string_view label, const Sized& c, const PlanOptions& options,
                        auto&& scratch_problem) {
@@ -125,21 +126,25 @@ int main(int argc, char** argv) {
   // after an all-reduce into scratch: each partial received into the own piece's slot and
   // reduced into the target after its round, so again nothing beyond the block; likewise a sum
   // in f32, whose parts fold one at a time (not in bf16, which accumulates in float: one round,
-  // two partials staged beside the block).
+  // two partials staged beside the block). An uneven exchange from a Partial (bytes objective)
+  // reduces each member's part in one round per member, holding two parts (reduces_parts_in_
+  // rounds; a bf16 sum in one round, the group's partials staged).
   for (const Sized& c : {Sized{"2x4", "S(0),P", "S(1),S(1)", {8, 16}},
                          Sized{"2x4", "S(1),P(max)", "S(0),S(1)", {16, 32}},
                          Sized{"2x4", "P(sum),P(max)", "R,S(1)", {7, 10}},
                          Sized{"2x4", "P(max),P(sum)", "R,S(1)", {7, 10}},
+                         Sized{"2x4", "S(1),P", "R,S(1)", {7, 10}, Objective::bytes},
+                         Sized{"2x4", "S(1),P(max)", "R,S(1)", {7, 10}, Objective::bytes},
                          Sized{"2x4", "S(0),P", "S(1),S(0)", {512, 1024}},
                          Sized{"8", "P", "S(1)", {16, 32}}, Sized{"8", "P", "S(0)", {256, 1024}}})
-    run_sized("bounded", c, {.memory = Memory::bounded},
+    run_sized("bounded", c, {.objective = c.objective, .memory = Memory::bounded},
               [&](const DeviceMesh& mesh, const Layout& src, const Layout& dst,
                   std::int64_t held) -> std::string {
                 const std::int64_t ends =
                     std::max(src.local_bytes(world_rank), dst.local_bytes(world_rank));
-                if (mesh.ndim() != 2 || held <= ends ||
-                    (c.from == "P(max),P(sum)" && src.dtype() == DType::bf16))
-                  return "";
+                const bool bf16_sum_in_one_round =
+                    src.dtype() == DType::bf16 && (c.from == "P(max),P(sum)" || c.from == "S(1),P");
+                if (mesh.ndim() != 2 || held <= ends || bf16_sum_in_one_round) return "";
                 return fmt::format("rank {} held {} scratch bytes, above its larger block's {}",
                                    world_rank, held, ends);
               });

@@ -461,16 +461,38 @@ inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
   return !c.messages && reduces_in_rounds(c.plan, c.step, a, [&c] { return c.even; });
 }
 
+// The members of each group of an exchange from a Partial (reduce_exchange.hpp) whose first
+// round, under Memory::bounded, runs as one round per member instead (0 where it does not): in
+// round t member t sends every other member its partial of that member's part and each other
+// member receives it into one slot and folds it into its reduced part, so that the parts
+// combine in group order, as in one round, and a member stages two parts (the reduced one and
+// the slot) where one round stages g - 1. For groups of 3 or more, parts that fold one at a
+// time (folds_one_at_a_time), a group's block cut along a tensor dim (not Step::by_elements,
+// which Memory::bounded does not plan), on a link that may take several calls for a step.
+// Every rank decides alike: the rounds meet the mesh.
+inline int reduces_parts_in_rounds(const Plan& plan, const Step& step, LinkAbilities a) {
+  if (plan.options().memory != Memory::bounded || a.one_call_per_step ||
+      step.kind != StepKind::exchange || step.by_elements)
+    return 0;
+  const ReducedPartials r = reduced_partials(step.before, step.after);
+  if (r.dims == 0 || !folds_one_at_a_time(r.op, plan.src().dtype())) return 0;
+  const int g = group_size(plan.src().mesh(), r.dims);
+  return g >= 3 ? g : 0;
+}
+
 // The operations a plan starts on a link with abilities `a`: one per communication step, two
-// for an exchange from a Partial (its parts reduced, then delivered) and for an all-reduce by
-// messages (all_reduces_by_messages: a reduce-scatter then an all-gather), g - 1 for a
-// reduce-scatter in rounds (reduces_in_rounds).
+// for an exchange from a Partial (its parts reduced, then delivered; g + 1 where it reduces in
+// rounds, reduces_parts_in_rounds) and for an all-reduce by messages (all_reduces_by_messages:
+// a reduce-scatter then an all-gather), g - 1 for a reduce-scatter in rounds
+// (reduces_in_rounds).
 inline int link_operations(const Plan& plan, LinkAbilities a) {
   int n = 0;
   for (const Step& s : plan) {
     if (!moves_data(s.kind)) continue;
-    if ((s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) ||
-        (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from)))
+    if (const int rounds = reduces_parts_in_rounds(plan, s, a); rounds > 0)
+      n += rounds + 1;
+    else if ((s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) ||
+             (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from)))
       n += 2;
     else if (reduces_in_rounds(plan, s, a, [&] { return step_is_even(plan, s); }))
       n += plan.src().mesh().size(s.mesh_dim) - 1;
@@ -1079,7 +1101,8 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // that the second round finds every piece of the part where it lies in that box. A group that
 // cuts by elements with another tensor dim outermost (GroupParts::outer) packs each part's boxes
 // (`boxes`) one after another, every member alike; the reduced part, packed so in the first slot,
-// is then laid out in `reduced_box` (the whole columns around it) after the slots.
+// is then laid out in `reduced_box` (the whole columns around it) after the slots. In rounds
+// (reduces_parts_in_rounds) two slots: the reduced part and the one each partial comes into.
 struct ReducingExchangeWay : Staging {
   int me = 0;
   ReduceOp op = ReduceOp::sum;
@@ -1089,6 +1112,8 @@ struct ReducingExchangeWay : Staging {
   std::vector<PieceRuns> where;  // where each part lies in the block, or is packed
   std::vector<bool> in_place;    // whether it lies in the block (`where` there)
   std::size_t part_bytes = 0;    // this member's part
+  bool own_in_place = false;     // this member's partial of its part read where it lies
+  bool rounds = false;           // one round per member (reduces_parts_in_rounds)
   std::size_t slots = 0;         // partials staged
   std::size_t first_slot = 0;    // the first slot's bytes (the reduced part's)
   Box reduced_box;               // how the reduced part lies in the receive staging
@@ -1184,7 +1209,10 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   const auto me = static_cast<std::size_t>(w.me);
   w.reduced_box = w.parts[me];
   const Box& own = w.reduced_box;
-  w.slots = w.parts.size() - (w.in_place[me] && w.parts.size() > 1 ? 1 : 0);
+  w.own_in_place = w.in_place[me] && w.parts.size() > 1;
+  w.rounds = reduces_parts_in_rounds(c.plan, c.step, a) > 0;
+  // In rounds: the reduced part and one slot for each part as it comes.
+  w.slots = w.rounds ? 2 : w.parts.size() - (w.own_in_place ? 1 : 0);
   for_each_owned_target(
       base, before, after, gp.part_boxes(w.me), c.me,
       [&](const MeshCoord& receiver, const Box& piece) {
@@ -1216,6 +1244,48 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   return w;
 }
 
+// The first round of an exchange from a Partial as one round per member
+// (reduces_parts_in_rounds): in round t member t sends every other member its partial of that
+// member's part (from where it lies, or packed at `send`), and the others receive it into
+// `reduced` (t = 0) or `slot`, folded into `reduced` after the round; member t folds its own.
+template <class L, class Ops>
+Task<void> reduce_parts_in_rounds(L link, const Ops& ops, const StepContext& c,
+                                  const ReducingExchangeWay& w, const std::byte* cur,
+                                  std::byte* send, std::byte* reduced, std::byte* slot) {
+  const auto me = static_cast<std::size_t>(w.me);
+  const DType dtype = c.plan.src().dtype();
+  const std::size_t count = w.part_bytes / c.elem;
+  for (std::size_t j = 0; j < w.parts.size(); ++j)
+    if (j != me && !w.parts[j].empty() && !w.in_place[j])
+      pack_part(ops, w, j, cur, c.have, send + w.where[j].offset, c.elem);
+  for (std::size_t t = 0; t < w.parts.size(); ++t) {
+    Messages round;
+    if (t == me) {
+      for (std::size_t j = 0; j < w.parts.size(); ++j)
+        if (j != me && !w.parts[j].empty())
+          round.send(w.peers[j], (w.in_place[j] ? cur : send) + w.where[j].offset, w.where[j].runs);
+    } else if (w.part_bytes != 0) {
+      round.recv(w.peers[t], t == 0 ? reduced : slot, w.part_bytes);
+    }
+    co_await send_and_receive(link, round);
+    if (w.part_bytes == 0 || (t == 0 && t != me)) continue;
+    const PieceRuns& own = w.where[me];
+    if (t == me && !w.own_in_place) {  // packed into the slot, or (t = 0) into `reduced`
+      pack_part(ops, w, me, cur, c.have, t == 0 ? reduced : slot, c.elem);
+      if (t == 0) continue;
+    } else if (t == 0) {  // the own partial where it lies, as the first part
+      copy_piece(ops, cur, c.have, reduced, w.parts[me], w.parts[me], c.elem);
+      continue;
+    }
+    const std::vector<const void*> both{
+        reduced, t == me && w.own_in_place ? static_cast<const void*>(cur + own.offset) : slot};
+    if (t == me && w.own_in_place && own.runs.rows > 1)
+      reduce_with_runs(ops, dtype, reduced, both, 1, cur + own.offset, own.runs, c.elem, w.op);
+    else
+      ops.reduce(dtype, reduced, both, count, w.op);
+  }
+}
+
 // An exchange from a Partial: each member reduces its part from the group's partials of it, in
 // group order (ranks holding the same part compute bit-identical values), then every rank
 // takes its target block from the owners.
@@ -1225,10 +1295,16 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   const ReducingExchangeWay w = reducing_exchange_way(c, link_abilities(link));
   const StagingBuffers b(ops, w, c.spare);
   const auto me = static_cast<std::size_t>(w.me);
-  const bool own_in_place = w.slots < w.parts.size();
+  const bool own_in_place = w.own_in_place;
   // The first slot holds the reduced part, `lead` bytes into it; the others follow.
   std::byte* reduced = b.recv + w.lead;
   std::byte* const later_slots = b.recv + w.first_slot;
+  if (w.rounds) {
+    co_await reduce_parts_in_rounds(link, ops, c, w, cur, b.send, reduced, later_slots);
+    co_await move_pieces(link, ops, w.deliver, reduced, w.reduced_box, out, c.want,
+                         b.send + w.deliver_send_at, b.recv + w.deliver_recv_at, c.elem);
+    co_return b.allocated();
+  }
   Messages m;
   std::vector<const void*> partials(w.parts.size());
   std::size_t slots = 0;
