@@ -1,8 +1,9 @@
 // Many small tensors over MPI: one batched execute() against one execute() per tensor (issue
 // 10's target: the batch at least 5x faster). Run: mpirun -np 8 build/release/bench/bench_mpi_batch
-// [runs] [pattern] [batched KiB] (only the patterns whose name starts with that, e.g. all-reduce;
-// [batched KiB]: MpiBackend::Options::batched_all_to_all_from_bytes and
-// batched_all_gather_from_bytes, -1 for never: such rounds packed)
+// [runs] [pattern] [batched KiB] [bounded] (only the patterns whose name starts with that, e.g.
+// all-reduce; [batched KiB]: MpiBackend::Options::batched_all_to_all_from_bytes and
+// batched_all_gather_from_bytes, -1 for never: such rounds packed; `bounded`: the batches
+// planned under Memory::bounded, whose all-to-all rounds then run by peers where they would pack)
 //
 // The batch: 64 tensors of 4 KiB to 256 KiB per rank (the larger side; and a second sweep of
 // 256 B to 16 KiB, where latency dominates), f32 and bf16, as a
@@ -122,6 +123,8 @@ int main(int argc, char** argv) {
     options.batched_all_to_all_from_bytes = options.batched_all_gather_from_bytes =
         kib < 0 ? std::numeric_limits<std::size_t>::max() : std::size_t(kib) << 10;
   }
+  const PlanOptions plan_options{
+      .memory = argc > 4 && std::string_view(argv[4]) == "bounded" ? Memory::bounded : Memory::any};
   const std::string mesh_1d = fmt::format("{}", size);
   const std::string mesh_2d = size % 2 == 0 ? fmt::format("2x{}", size / 2) : mesh_1d;
   const Pattern patterns[] = {
@@ -159,9 +162,10 @@ int main(int argc, char** argv) {
         batch.push_back({Layout(mesh, parse_placements(from), {rows, p.cols}, dtype),
                          Layout(mesh, parse_placements(to), {rows, p.cols}, dtype)});
       }
-      const auto plan = std::make_unique<BatchPlan<tensors>>(plan_batch<tensors>(batch));
+      const auto plan =
+          std::make_unique<BatchPlan<tensors>>(plan_batch<tensors>(batch, plan_options));
       const auto fewest = std::make_unique<BatchPlan<tensors>>(
-          plan_batch<tensors>(batch, {}, BatchSchedule::fewest_calls));
+          plan_batch<tensors>(batch, plan_options, BatchSchedule::fewest_calls));
       const bool aligned = fewest->rounds() != plan->rounds();
       std::vector<std::vector<std::byte>> in, out;
       std::vector<TensorBuffers> buffers;

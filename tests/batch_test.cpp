@@ -443,6 +443,39 @@ TEST_CASE("an all-to-all round moves every tensor from its own buffers, on a bac
   check_round_from_buffers(plan_batch<8>(tensors), StepKind::all_to_all);
 }
 
+TEST_CASE("under Memory::bounded an all-to-all round runs by peers on a backend that packs",
+          "[batch][memory]") {
+  // Without BatchedAllToAll (NCCL) a packed all-to-all round holds the packed block on both
+  // sides, twice the packed larger side; under Memory::bounded it runs as g - 1 point-to-point
+  // rounds, each packing one member's pieces and unpacking another's: a member's share each side.
+  const DeviceMesh mesh({2, 4});
+  const std::vector<Redistribution> tensors = {
+      pair(mesh, "R,S(0)", "R,S(1)", {16, 8}), pair(mesh, "R,S(1)", "R,S(0)", {8, 16}, DType::bf16),
+      pair(mesh, "S(1),S(0)", "S(1),S(2)", {4, 6, 8}, DType::i64),
+      pair(mesh, "R,S(0)", "R,S(1)", {32, 4}, DType::f16)};
+  const BatchPlan<8> fast = plan_batch<8>(tensors);
+  const BatchPlan<8> bounded = plan_batch<8>(tensors, PlanOptions{.memory = Memory::bounded});
+  REQUIRE(bounded.collectives() == 1);
+  REQUIRE(bounded.rounds()[0].kind == StepKind::all_to_all);
+  std::int64_t larger = std::numeric_limits<std::int64_t>::max();
+  for (int rank = 0; rank < mesh.size(); ++rank) {
+    std::int64_t src = 0, dst = 0;
+    for (const Plan& p : bounded) {
+      src += p.src().local_bytes(rank);
+      dst += p.dst().local_bytes(rank);
+    }
+    larger = std::min(larger, std::max(src, dst));
+  }
+  CHECK(workspace_bytes<PackingBackend>(fast) == 2 * larger);
+  CHECK(workspace_bytes<PackingBackend>(bounded) == 2 * larger / 4);
+  const auto [most, wrong, planned] = run_batch(bounded, Via::packing);
+  CHECK(wrong.empty());
+  CHECK(most == planned);
+  CHECK(planned == workspace_bytes<PackingBackend>(bounded));
+  // A backend that runs the round from the tensors' buffers still does so, holding nothing.
+  CHECK(workspace_bytes<SimulatedBackend>(bounded) == 0);
+}
+
 TEST_CASE("an all-gather round gathers every tensor into its own buffers, on a backend that can",
           "[batch][strided]") {
   // FSDP's all-gather of a layer's parameters (seed 001), row and column pieces, four dtypes. A

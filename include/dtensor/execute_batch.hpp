@@ -199,23 +199,27 @@ std::size_t batched_all_gather_from(const B& backend) {
     return batched_all_gather_from<B>();
 }
 
-// The bytes from which a batch's all-to-all and all-gather rounds run from the tensors' buffers.
+// The bytes from which a batch's all-to-all and all-gather rounds run from the tensors' buffers,
+// and whether an all-to-all round of several tensors that packs runs by peers instead: g - 1
+// point-to-point rounds, in round s the pieces for member me+s packed and sent, those of member
+// me-s received and unpacked, so that it holds two members' pieces, not the packed block twice.
 struct RoundThresholds {
   std::size_t all_to_all = 0, all_gather = 0;
+  bool all_to_all_by_peers = false;
 };
 
 // A batch's thresholds on a backend whose own are `all_to_all` and `all_gather`
 // (batched_all_to_all_from, batched_all_gather_from): those, or for a batch planned under
 // Memory::bounded every size where the backend runs such rounds from the buffers at all (a packed
 // all-to-all holds the packed block on both sides, twice the larger end; from the buffers it holds
-// none), whatever that costs in speed.
+// none), and by peers where it cannot (NCCL), whatever that costs in speed.
 template <std::size_t N>
 RoundThresholds round_thresholds(const BatchPlan<N>& batch, std::size_t all_to_all,
                                  std::size_t all_gather) {
   constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
   if (batch.empty() || batch[0].options().memory != Memory::bounded)
     return {all_to_all, all_gather};
-  return {all_to_all == never ? never : 0, all_gather == never ? never : 0};
+  return {all_to_all == never ? never : 0, all_gather == never ? never : 0, all_to_all == never};
 }
 
 // A batch's all-reduce round of `count` elements in `packed`, in place, as two point-to-point
@@ -259,6 +263,57 @@ inline bool all_reduces_from_buffers(std::size_t total, std::size_t g, std::size
 // Runs the parked operations `ops` of one round as one operation of `link`, packing in
 // `buffers`; a reduce-scatter or all-reduce round as point-to-point rounds where
 // `reduce_by_messages` (reduces_round_by_messages): an all-reduce's two (batch_link_operations).
+// A packing all-to-all round of several tensors by peers (RoundThresholds::all_to_all_by_peers):
+// this member's own pieces copied from each tensor's send side to its receive side, then in
+// round s = 1 .. g-1 every tensor's piece for member me+s packed (at off[t], `total` bytes in
+// all) and sent, and member me-s's received and unpacked. Packing buffers of `total` bytes each.
+template <class B, class Piece>
+Task<void> all_to_all_by_peers(Link<B> link, const std::vector<ParkedOp*>& ops,
+                               PackingBuffers<B>& buffers, Piece piece,
+                               const std::vector<std::size_t>& off, std::size_t total) {
+  using Packing = PackingBuffers<B>;
+  if (total == 0) co_return;
+  B& backend = link.backend;
+  const auto local = local_ops_of(backend);
+  const MeshGroup group = backend.mesh().group(backend.rank(), ops.front()->mesh_dim);
+  const auto g = static_cast<std::size_t>(group.size);
+  const auto me = static_cast<std::size_t>(group.index);
+  std::byte* send = Packing::at_least(backend, buffers.send, total);
+  std::byte* recv = Packing::at_least(backend, buffers.recv, total);
+  std::vector<RunCopy> copies;
+  // Member j's pieces of every tensor packed from the send sides into `packed`, or (`unpack`)
+  // from `packed` to the receive sides: strided runs where the op's pieces are, else one run.
+  auto move_member = [&](std::size_t j, std::byte* packed, bool unpack) {
+    copies.clear();
+    for (std::size_t t = 0; t < ops.size(); ++t) {
+      const ParkedOp& o = *ops[t];
+      if (!piece(t)) continue;
+      const StridedPieces whole{1, piece(t), piece(t)};
+      const StridedPieces& p = !o.strided ? whole : unpack ? o.received : o.sent;
+      const std::size_t at = j * p.run_bytes;
+      if (unpack)
+        copies.push_back({packed + off[t], static_cast<std::byte*>(o.recv) + at, p.rows,
+                          p.run_bytes, p.run_bytes, p.stride_bytes});
+      else
+        copies.push_back({static_cast<const std::byte*>(o.send) + at, packed + off[t], p.rows,
+                          p.run_bytes, p.stride_bytes, p.run_bytes});
+    }
+    copy_runs(local, std::span<const RunCopy>(copies));
+  };
+  // The own pieces, through the send buffer (their runs may differ between the two sides).
+  move_member(me, send, false);
+  move_member(me, send, true);
+  for (std::size_t s = 1; s < g; ++s) {
+    const std::size_t to = (me + s) % g, from = (me + g - s) % g;
+    move_member(to, send, false);
+    const SendMessage out{group.rank(static_cast<int>(to)), send, total};
+    const RecvMessage in{group.rank(static_cast<int>(from)), recv, total};
+    co_await link.exchange(std::span<const SendMessage>(&out, 1),
+                           std::span<const RecvMessage>(&in, 1));
+    move_member(from, recv, true);
+  }
+}
+
 template <class B>
 Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers,
                      bool reduce_by_messages, RoundThresholds from) {
@@ -463,6 +518,10 @@ Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuf
           co_await link.all_to_all_batched(k, parts);
           co_return;
         }
+      }
+      if (from.all_to_all_by_peers && ops.size() > 1) {
+        co_await all_to_all_by_peers(link, ops, buffers, piece, off, total);
+        co_return;
       }
       std::byte* send = Packing::at_least(backend, buffers.send, g * total);
       std::byte* recv = Packing::at_least(backend, buffers.recv, g * total);
@@ -738,7 +797,9 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t all_to
               round_recv = static_cast<std::int64_t>((g - 1) * total);
             break;
           default:
-            if (g * total < batched_all_to_all)
+            if (from.all_to_all_by_peers && round.tensors > 1)  // a member's pieces each side
+              round_send = round_recv = static_cast<std::int64_t>(total);
+            else if (g * total < batched_all_to_all)
               round_send = round_recv = static_cast<std::int64_t>(g * total);
             break;
         }
@@ -757,8 +818,9 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t all_to
 // every tensor's own (as workspace_bytes of its plan; their steps interleave) plus the packing
 // buffers, which grow to the largest round's need on each side. A collective round packs its
 // block once (an all-gather and an all-reduce in place: the packed result only; a
-// reduce-scatter or an all-to-all both sides); a point-to-point round at most the bytes it
-// sends and receives. Like ExecuteStats' peak of a batched run, it adds the tensors' own peaks.
+// reduce-scatter or an all-to-all both sides; under Memory::bounded an all-to-all of several
+// tensors runs by peers, one member's pieces each side); a point-to-point round at most the bytes
+// it sends and receives. Like ExecuteStats' peak of a batched run, it adds the tensors' own peaks.
 template <std::size_t N>
 std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
   return detail::batch_workspace_bytes(batch, std::numeric_limits<std::size_t>::max(),
@@ -860,15 +922,22 @@ namespace detail {
 
 // The operations a batch's run starts on its link (the Running's count): one per round, two for
 // an all-reduce round by messages (reduces_round_by_messages: its slices scattered, then
-// gathered), as run_round issues them.
+// gathered), g - 1 for an all-to-all round by peers (RoundThresholds::all_to_all_by_peers;
+// `all_to_all_from`: the backend's batched_all_to_all_from), as run_round issues them.
 template <std::size_t N>
-int batch_link_operations(const BatchPlan<N>& batch, std::size_t reduce_messages) {
+int batch_link_operations(const BatchPlan<N>& batch, std::size_t reduce_messages,
+                          std::size_t all_to_all_from) {
+  const bool by_peers = round_thresholds(batch, all_to_all_from, 0).all_to_all_by_peers;
   int n = 0;
-  for (std::size_t r = 0; r < batch.rounds().size(); ++r)
-    n += batch.rounds()[r].kind == StepKind::all_reduce &&
-                 reduces_round_by_messages(batch, r, reduce_messages)
-             ? 2
-             : 1;
+  for (std::size_t r = 0; r < batch.rounds().size(); ++r) {
+    const BatchRound& round = batch.rounds()[r];
+    if (round.kind == StepKind::all_reduce && reduces_round_by_messages(batch, r, reduce_messages))
+      n += 2;
+    else if (round.kind == StepKind::all_to_all && by_peers && round.tensors > 1)
+      n += batch[0].src().mesh().size(round.mesh_dim) - 1;
+    else
+      n += 1;
+  }
   return n;
 }
 
@@ -995,7 +1064,8 @@ Execution<B> execute_async(const BatchPlan<N>& batch, B& backend,
   if constexpr (AsyncBackend<B>) {
     auto running = std::make_unique<detail::Running<B>>(
         backend,
-        detail::batch_link_operations(batch, detail::reduce_messages_from(std::as_const(backend))));
+        detail::batch_link_operations(batch, detail::reduce_messages_from(std::as_const(backend)),
+                                      detail::batched_all_to_all_from(std::as_const(backend))));
     running->task = detail::run_batch(batch, detail::Link<B>{backend, running.get()},
                                       std::vector<TensorBuffers>(buffers.begin(), buffers.end()),
                                       std::move(me), &running->scratch_peak);
