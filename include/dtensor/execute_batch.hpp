@@ -260,9 +260,6 @@ inline bool all_reduces_from_buffers(std::size_t total, std::size_t g, std::size
          std::all_of(counts.begin(), counts.end(), [g](std::size_t n) { return n % g == 0; });
 }
 
-// Runs the parked operations `ops` of one round as one operation of `link`, packing in
-// `buffers`; a reduce-scatter or all-reduce round as point-to-point rounds where
-// `reduce_by_messages` (reduces_round_by_messages): an all-reduce's two (batch_link_operations).
 // A packing all-to-all round of several tensors by peers (RoundThresholds::all_to_all_by_peers):
 // this member's own pieces copied from each tensor's send side to its receive side, then in
 // round s = 1 .. g-1 every tensor's piece for member me+s packed (at off[t], `total` bytes in
@@ -314,6 +311,10 @@ Task<void> all_to_all_by_peers(Link<B> link, const std::vector<ParkedOp*>& ops,
   }
 }
 
+// Runs the parked operations `ops` of one round as one operation of `link`, packing in
+// `buffers`; a reduce-scatter or all-reduce round as point-to-point rounds where
+// `reduce_by_messages` (reduces_round_by_messages): an all-reduce's two, an
+// all-to-all by peers g - 1 (batch_link_operations).
 template <class B>
 Task<void> run_round(Link<B> link, const std::vector<ParkedOp*>& ops, PackingBuffers<B>& buffers,
                      bool reduce_by_messages, RoundThresholds from) {
