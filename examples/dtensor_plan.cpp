@@ -36,9 +36,10 @@ sharding picture of both layouts. Without --to, explains the one layout.
   --balanced             uneven dims in pieces that differ by at most one (default: torch.chunk)
   --objective time       what to minimise: time (the cost model's, default) or bytes
   --padding auto         uneven steps: auto, always (pad to the largest piece) or never
-  --memory any           blocks held between steps: any, or bounded (on every rank none larger
-                         than the larger of its source and target blocks, where a plan allows;
-                         auto padding then pads nothing)
+  --memory auto          blocks held between steps: bounded (on every rank none larger than
+                         the larger of its source and target blocks, where a plan allows; auto
+                         padding then pads nothing), any, or auto (default: bounded where a
+                         rank's larger block reaches 1 MiB, any below)
   --no-exchange          only per-mesh-dim collectives
   --no-all-to-all        no all-to-all: shard dim changes go through Replicate
   --backward             explain the gradient plan (PyTorch's rule) instead
@@ -169,8 +170,9 @@ Options parse_args(int argc, char** argv) {
         o.plan.objective = parse_choice<Objective>(
             arg, value, {{"time", Objective::time}, {"bytes", Objective::bytes}});
       else if (arg == "--memory")
-        o.plan.memory =
-            parse_choice<Memory>(arg, value, {{"any", Memory::any}, {"bounded", Memory::bounded}});
+        o.plan.memory = parse_choice<Memory>(
+            arg, value,
+            {{"auto", Memory::automatic}, {"any", Memory::any}, {"bounded", Memory::bounded}});
       else if (arg == "--padding")
         o.plan.padding = parse_choice<Padding>(
             arg, value,
@@ -318,10 +320,10 @@ void print_json(const Plan& plan, std::string_view kind) {
       "],\"bytes_recv_max\":{},\"bytes_send_max\":{},\"lower_bound_bytes_recv_max\":{},"
       "\"est_us\":{:.4f},\"workspace_bytes\":{},\"workspace_bytes_strided\":{},"
       "\"scratch_within_ends\":{},\"scratch_within_ends_packing\":{},\"blocks_within_ends\":{},"
-      "\"runs_in_place\":{},\"ranks\":[",
+      "\"memory_bounded\":{},\"runs_in_place\":{},\"ranks\":[",
       plan.bytes_recv_max(), plan.bytes_send_max(), plan.lower_bound_bytes_recv_max(),
       plan.est_us(), workspace_bytes(plan), m.strided, m.within_ends, m.packing_within_ends,
-      m.blocks_within_ends, runs_in_place(plan));
+      m.blocks_within_ends, plan.memory_bounded(), runs_in_place(plan));
   for (int i = 0; i < mesh.size(); ++i) {
     const int rank = mesh.rank_at(i);
 
@@ -487,9 +489,11 @@ int run(Options o) {
   const MemoryReport m = memory_report(plan);
   fmt::print(
       "memory: scratch at most {} per rank (any backend), {} on MPI and the simulator ({} the "
-      "larger of each rank's source and target blocks there); blocks between steps {}{}\n\n",
+      "larger of each rank's source and target blocks there); blocks between steps {}; planned "
+      "{}{}\n\n",
       human_bytes(workspace_bytes(plan)), human_bytes(m.strided), m.within_ends ? "within" : "over",
       m.blocks_within_ends ? "within both ends" : "larger than both ends on some rank",
+      plan.memory_bounded() ? "within the memory bound" : "for speed, scratch unbounded",
       runs_in_place(plan) ? "; runs in place (one buffer for source and target)" : "");
   print_layout("from", plan.src());
   print_layout("to", plan.dst());

@@ -2157,6 +2157,106 @@ TEST_CASE("every pair on small meshes: valid chains, bytes as defined, never bel
       fit, bounded);
 }
 
+TEST_CASE("Memory::automatic: the bound where blocks are large and it costs little",
+          "[planner][memory]") {
+  static_assert(PlanOptions{}.memory == Memory::automatic);
+  static_assert(PlanOptions{}.bounded_from_bytes == 1 << 20);
+  const DeviceMesh m({2, 2});
+  const PlanOptions any{.memory = Memory::any}, bounded{.memory = Memory::bounded};
+  auto same = [](const Plan& p, const Plan& q) {
+    return p.steps() == q.steps() && p.bytes_recv_max() == q.bytes_recv_max() &&
+           p.est_us() == q.est_us();
+  };
+  // (R, S(0)) -> (S(0), S(0)) gathers, then chunks twice: its gathered block is twice either
+  // end. One exchange holds nothing between steps and takes 5.7 µs against 5.5 at 2 MiB (1 MiB
+  // per rank at the source): the default takes it. An 8x16 tensor stays below 1 MiB: the
+  // fastest plan, unbounded.
+  {
+    const Layout src = layout(m, "R,S(0)", {1024, 512}), dst = layout(m, "S(0),S(0)", {1024, 512});
+    const Plan fast = plan_redistribute(src, dst, any);
+    const Plan held = plan_redistribute(src, dst, bounded);
+    const Plan chosen = plan_redistribute(src, dst);
+    REQUIRE_FALSE(blocks_within_ends(fast));
+    REQUIRE(blocks_within_ends(held));
+    REQUIRE(held.est_us() <= 1.1 * fast.est_us());
+    CHECK(same(chosen, held));
+    CHECK(chosen.memory_bounded());
+    CHECK(held.memory_bounded());
+    CHECK_FALSE(fast.memory_bounded());
+    CHECK(chosen.options().memory == Memory::automatic);
+    CHECK(chosen.bytes_recv_max() < fast.bytes_recv_max());
+    // Below the threshold, or with it raised, the fastest plan; with it at 0 and slack enough,
+    // bounded.
+    const Layout small_src = layout(m, "R,S(0)", {8, 16}),
+                 small_dst = layout(m, "S(0),S(0)", {8, 16});
+    const Plan small = plan_redistribute(small_src, small_dst);
+    CHECK(same(small, plan_redistribute(small_src, small_dst, any)));
+    CHECK_FALSE(small.memory_bounded());
+    CHECK(same(plan_redistribute(src, dst, {.bounded_from_bytes = INT64_MAX}), fast));
+    // (At 8x16 the exchange takes more than twice the fastest plan's time: latency rules.)
+    CHECK_FALSE(
+        plan_redistribute(small_src, small_dst, {.bounded_from_bytes = 0}).memory_bounded());
+    const Plan zero =
+        plan_redistribute(small_src, small_dst, {.bounded_from_bytes = 0, .memory_slack = 10});
+    CHECK(same(zero, plan_redistribute(small_src, small_dst, bounded)));
+    CHECK(zero.memory_bounded());
+    // The planner's figure is every rank's: the source blocks are 1 MiB, the threshold.
+    CHECK(detail::largest_end_bytes(src, dst) == 1 << 20);
+    CHECK(plan_redistribute(src, dst, {.bounded_from_bytes = (1 << 20) + 1}).steps() ==
+          fast.steps());
+  }
+  // (R, S(0)) -> (S(0), R): the one exchange that holds the bound takes 7.5 µs against 5.5 µs:
+  // past the 10% slack, the fastest plan, unbounded; with a slack of 50%, the exchange.
+  {
+    const Layout src = layout(m, "R,S(0)", {1024, 512}), dst = layout(m, "S(0),R", {1024, 512});
+    const Plan fast = plan_redistribute(src, dst, any);
+    const Plan held = plan_redistribute(src, dst, bounded);
+    REQUIRE_FALSE(blocks_within_ends(fast));
+    REQUIRE(blocks_within_ends(held));
+    REQUIRE(held.est_us() > 1.1 * fast.est_us());
+    REQUIRE(held.est_us() < 1.5 * fast.est_us());
+    const Plan chosen = plan_redistribute(src, dst);
+    CHECK(same(chosen, fast));
+    CHECK_FALSE(chosen.memory_bounded());
+    const Plan slack = plan_redistribute(src, dst, {.memory_slack = 0.5});
+    CHECK(same(slack, held));
+    CHECK(slack.memory_bounded());
+  }
+  // Where the fastest plan holds the bound as it is, it is the plan, and it runs bounded: an
+  // all-gather (no block between steps); a chunk and a gather of even blocks.
+  for (const auto& [mesh, from, to] : {std::tuple{DeviceMesh({4}), "S(0)", "R"},
+                                       std::tuple{DeviceMesh({2, 4}), "S(0),R", "R,S(1)"}}) {
+    const Layout src = layout(mesh, from, {1024, 4096}), dst = layout(mesh, to, {1024, 4096});
+    const Plan chosen = plan_redistribute(src, dst);
+    CHECK(same(chosen, plan_redistribute(src, dst, any)));
+    CHECK(chosen.memory_bounded());
+  }
+  // Under Objective::bytes a bounded plan must move no more bytes than the fewest.
+  {
+    const Layout src = layout(m, "R,S(0)", {1024, 512}), dst = layout(m, "S(0),S(0)", {1024, 512});
+    const Plan fewest =
+        plan_redistribute(src, dst, {.objective = Objective::bytes, .memory = Memory::any});
+    const Plan chosen = plan_redistribute(src, dst, {.objective = Objective::bytes});
+    CHECK(chosen.memory_bounded());
+    CHECK(chosen.bytes_recv_max() <= fewest.bytes_recv_max());
+    CHECK(blocks_within_ends(chosen));
+  }
+  // A batch seeks the bound by the sum of its tensors' larger ends (its rounds pack them): two
+  // 512 KiB tensors together reach 1 MiB.
+  {
+    const DeviceMesh pair({2});
+    const Redistribution half{layout(pair, "S(0)", {512, 256}), layout(pair, "R", {512, 256})};
+    const Redistribution quarter{layout(pair, "S(0)", {256, 256}), layout(pair, "R", {256, 256})};
+    const Redistribution quarters[] = {quarter, quarter}, halves[] = {half, half};
+    const BatchPlan<4> below = plan_batch<4>(quarters), at = plan_batch<4>(halves);
+    CHECK_FALSE(plan_redistribute(half.src, half.dst).memory_bounded());
+    CHECK_FALSE(below[0].memory_bounded());
+    CHECK_FALSE(below[1].memory_bounded());
+    CHECK(at[0].memory_bounded());
+    CHECK(at[1].memory_bounded());
+  }
+}
+
 TEST_CASE("seed 002: sequence-parallel all-to-all and split/gather with grad_scale",
           "[planner][backward][adjoint]") {
   const DeviceMesh m({4}, {"cp"});

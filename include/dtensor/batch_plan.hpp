@@ -421,18 +421,25 @@ constexpr void BatchPlan<N>::cost() {
 // The batched plan of `batch` (at most N tensors, all on one mesh; shapes, dtypes and
 // placements may differ): each tensor planned by plan_redistribute with `options` (but no
 // exchange from a Partial, whose two rounds a batch's one round per step cannot run), then its
-// steps grouped into rounds as `schedule` says.
+// steps grouped into rounds as `schedule` says. Under Memory::automatic every tensor seeks the
+// bound where the tensors' largest ends together reach options.bounded_from_bytes (their rounds
+// pack them together).
 template <std::size_t N = default_batch_capacity>
 constexpr BatchPlan<N> plan_batch(std::span<const Redistribution> batch, PlanOptions options = {},
                                   BatchSchedule schedule = BatchSchedule::fused) {
   if (batch.size() > N) detail::fail<detail::why::batch_too_many>(N, batch.size());
   BatchPlan<N> out;
+  std::int64_t ends = 0;
   for (std::size_t t = 0; t < batch.size(); ++t) {
     if (!(batch[t].src.mesh() == batch[0].src.mesh()))
       detail::fail<detail::why::batch_mesh_mismatch>(t, batch[t].src.mesh().shape(),
                                                      batch[0].src.mesh().shape());
-    out.plans_.push_back(detail::plan_redistribute(batch[t].src, batch[t].dst, options, false));
+    detail::check_same_tensor(batch[t].src, batch[t].dst);
+    ends = detail::bytes_add(ends, detail::largest_end_bytes(batch[t].src, batch[t].dst));
   }
+  const bool seek = options.memory == Memory::automatic && ends >= options.bounded_from_bytes;
+  for (const Redistribution& r : batch)
+    out.plans_.push_back(detail::plan_redistribute(r.src, r.dst, options, false, seek));
   out.schedule(schedule);
   return out;
 }

@@ -209,16 +209,17 @@ struct RoundThresholds {
 };
 
 // A batch's thresholds on a backend whose own are `all_to_all` and `all_gather`
-// (batched_all_to_all_from, batched_all_gather_from): those, or for a batch planned under
-// Memory::bounded every size where the backend runs such rounds from the buffers at all (a packed
-// all-to-all holds the packed block on both sides, twice the larger end; from the buffers it holds
-// none), and by peers where it cannot (NCCL), whatever that costs in speed.
+// (batched_all_to_all_from, batched_all_gather_from): those, or for a batch whose plans are all
+// bounded (Plan::memory_bounded) every size where the backend runs such rounds from the buffers at
+// all (a packed all-to-all holds the packed block on both sides, twice the larger end; from the
+// buffers it holds none), and by peers where it cannot (NCCL), whatever that costs in speed.
 template <std::size_t N>
 RoundThresholds round_thresholds(const BatchPlan<N>& batch, std::size_t all_to_all,
                                  std::size_t all_gather) {
   constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
-  if (batch.empty() || batch[0].options().memory != Memory::bounded)
-    return {all_to_all, all_gather};
+  bool bounded = !batch.empty();
+  for (std::size_t t = 0; t < batch.size(); ++t) bounded = bounded && batch[t].memory_bounded();
+  if (!bounded) return {all_to_all, all_gather};
   return {all_to_all == never ? never : 0, all_gather == never ? never : 0, all_to_all == never};
 }
 
@@ -734,7 +735,7 @@ namespace detail {
 // workspace_bytes(batch) on a backend that runs an all-to-all round of at least
 // `all_to_all_from` packed bytes, and an all-gather round of at least `all_gather_from` gathered
 // bytes, from the tensors' buffers (batched_all_to_all_from, batched_all_gather_from; for a batch
-// under Memory::bounded, round_thresholds), packing nothing for them.
+// whose plans are bounded, round_thresholds), packing nothing for them.
 template <std::size_t N>
 std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t all_to_all_from,
                                    std::size_t all_gather_from, std::size_t reduce_messages) {
@@ -819,7 +820,7 @@ std::int64_t batch_workspace_bytes(const BatchPlan<N>& batch, std::size_t all_to
 // every tensor's own (as workspace_bytes of its plan; their steps interleave) plus the packing
 // buffers, which grow to the largest round's need on each side. A collective round packs its
 // block once (an all-gather and an all-reduce in place: the packed result only; a
-// reduce-scatter or an all-to-all both sides; under Memory::bounded an all-to-all of several
+// reduce-scatter or an all-to-all both sides; in a bounded batch an all-to-all of several
 // tensors runs by peers, one member's pieces each side); a point-to-point round at most the bytes
 // it sends and receives. Like ExecuteStats' peak of a batched run, it adds the tensors' own peaks.
 template <std::size_t N>
@@ -834,7 +835,7 @@ std::int64_t workspace_bytes(const BatchPlan<N>& batch) {
 // pieces up), nor does a reduce-scatter round by messages (on MPI, from 1 MiB packed), which
 // stages the g partials of this member's pieces (g - 1 beside the packed block elsewhere); on
 // a BatchedAllGather backend an all-gather round packs nothing (on MPI, from 512 KiB gathered;
-// under Memory::bounded both at any size),
+// in a bounded batch both at any size),
 // and on one with both an all-reduce round by messages whose blocks cut into g equal slices
 // stages the partials of this member's slices only.
 template <Backend B, std::size_t N>

@@ -76,12 +76,17 @@ enum class PartialFromReplicate : std::uint8_t {
 // What a plan may hold between its steps (local steps in a row count as one: an executor runs
 // them as one pass).
 enum class Memory : std::uint8_t {
-  any,      // whatever the cheapest plan holds
-  bounded,  // on every rank, no block between steps larger than the larger of its source and
-            // target blocks, wherever some candidate plan allows it; uneven pieces move at their
-            // exact sizes (Padding::automatic pads nothing), and no group's block is cut by
-            // elements; the executor runs a collective whose staging would not fit beside them
-            // in bands of rows (docs/execution.md)
+  any,        // whatever the cheapest plan holds
+  bounded,    // on every rank, no block between steps larger than the larger of its source and
+              // target blocks, wherever some candidate plan allows it; uneven pieces move at
+              // their exact sizes (Padding::automatic pads nothing), and no group's block is cut
+              // by elements; the executor runs a collective whose staging would not fit beside
+              // them in bands of rows, and some reductions in rounds (docs/execution.md)
+  automatic,  // where a rank's source or target block reaches PlanOptions::bounded_from_bytes
+              // (there scratch matters), the fastest plan if it holds the bound as it is, else
+              // the bounded plan if it takes at most PlanOptions::memory_slack more time (under
+              // Objective::bytes: moves no more bytes), else the fastest; below, any (there
+              // latency rules, and the bound can double the time)
 };
 
 // Choices for plan_redistribute.
@@ -91,7 +96,12 @@ struct PlanOptions {
   bool allow_exchange = true;
   bool allow_all_to_all = true;
   PartialFromReplicate partial_from_replicate = PartialFromReplicate::divide;
-  Memory memory = Memory::any;
+  Memory memory = Memory::automatic;
+  // Under Memory::automatic: the block size (the larger of the source and target blocks of the
+  // rank holding the largest) from which the bound is sought, 1 MiB; and how much more time than
+  // the fastest plan a bounded plan may take, as a fraction of the fastest's.
+  std::int64_t bounded_from_bytes = std::int64_t{1} << 20;
+  double memory_slack = 0.1;
   // The cost model; CostModel::defaults(mesh) when unset.
   bool has_cost_model = false;
   CostModel cost_model{};
@@ -183,6 +193,9 @@ class Plan {
     return n;
   }
   [[nodiscard]] constexpr const PlanOptions& options() const noexcept { return options_; }
+  // Whether the plan was planned, and runs, under the memory bound: Memory::bounded, or
+  // Memory::automatic where it chose a plan within the bound.
+  [[nodiscard]] constexpr bool memory_bounded() const noexcept { return bounded_; }
   [[nodiscard]] constexpr const CostModel& cost_model() const noexcept {
     return options_.cost_model;
   }
@@ -200,9 +213,10 @@ class Plan {
   std::int64_t bytes_send_max_ = 0;
   std::int64_t lower_bound_ = 0;
   double est_us_ = 0;
-  bool pruned_ = false;  // a candidate the planner stopped costing; never returned
-  bool fits_ = true;     // under Memory::bounded: its blocks between steps are within the bound
-  bool even_ = false;    // every layout it passes through is even (set where it is costed)
+  bool pruned_ = false;   // a candidate the planner stopped costing; never returned
+  bool fits_ = true;      // under Memory::bounded: its blocks between steps are within the bound
+  bool even_ = false;     // every layout it passes through is even (set where it is costed)
+  bool bounded_ = false;  // planned under Memory::bounded (memory_bounded)
 };
 
 }  // namespace dtensor

@@ -1649,6 +1649,21 @@ struct plan_builder {
   static constexpr void set_lower_bound(Plan& plan, std::int64_t bytes) noexcept {
     plan.lower_bound_ = bytes;
   }
+  // The memory mode asked for, and whether the plan runs under the bound.
+  static constexpr void set_memory(Plan& plan, Memory asked, bool bounded) noexcept {
+    plan.options_.memory = asked;
+    plan.bounded_ = bounded;
+  }
+  // Whether the plan is one the search under Memory::bounded would take as within the bound:
+  // no block between steps larger than both ends (blocks_within_ends), no padded step (its
+  // padded pieces are staged, on steps that may not run in bands) and no group's block cut by
+  // elements (its partials of a run are staged beside the rows around it).
+  static constexpr bool holds_bound(const Plan& plan) {
+    return plan.fits_ &&
+           std::ranges::none_of(plan.steps_,
+                                [](const Step& s) { return s.padded || s.by_elements; }) &&
+           blocks_within_ends(plan);
+  }
 };
 
 constexpr bool better(const Plan& a, const Plan& b, Objective objective);
@@ -2221,11 +2236,75 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
 }
 
 namespace detail {
+constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
+                           bool exchange_from_partial);
+
+// The bytes of the larger of the source and target blocks of the rank holding the largest: the
+// origin's, since every cut's first piece is its largest (max_chunk), nested cuts included.
+constexpr std::int64_t largest_end_bytes(const Layout& src, const Layout& dst) {
+  auto largest = [](const Layout& l) {
+    Shape extents = l.global_shape();
+    for (int k = 0; k < l.mesh().ndim(); ++k)
+      if (const Placement& p = l.placement(k); p.is_shard())
+        extents[p.dim()] = max_chunk(extents[p.dim()], l.mesh().size(k), l.policy());
+    std::int64_t n = 1;
+    for (const std::int64_t e : extents) n = checked_mul(n, e);
+    return n;
+  };
+  const std::int64_t from = largest(src), to = largest(dst);
+  return bytes_mul(from > to ? from : to, src.elem_bytes());
+}
+
+// Whether Memory::automatic seeks the bound for src -> dst: where the largest end reaches
+// o.bounded_from_bytes (never where the whole tensor is smaller).
+constexpr bool seeks_bound(const Layout& src, const Layout& dst, const PlanOptions& o) {
+  return bytes_mul(src.global_numel(), src.elem_bytes()) >= o.bounded_from_bytes &&
+         largest_end_bytes(src, dst) >= o.bounded_from_bytes;
+}
+
+// plan_redistribute of layouts of the same tensor (check_same_tensor), where Memory::automatic
+// seeks the bound (`seek`) or not (then it is Memory::any). Seeking: the fastest plan (Memory::
+// any's) where it holds the bound as it is (plan_builder::holds_bound: what the bounded search
+// would accept; it then runs bounded), else the bounded search's plan where it holds the bound
+// and takes at most memory_slack more time than the fastest (under Objective::bytes: moves no
+// more bytes), else the fastest. The plan keeps the options asked for.
+constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, const PlanOptions& options,
+                                 bool exchange_from_partial, bool seek) {
+  const Memory asked = options.memory;
+  PlanOptions search = options;
+  search.memory = asked == Memory::bounded ? Memory::bounded : Memory::any;
+  Plan plan = search_plan(src, dst, search, exchange_from_partial);
+  bool bounded = asked == Memory::bounded;
+  if (asked == Memory::automatic && seek) {
+    bounded = plan_builder::holds_bound(plan);
+    if (!bounded) {
+      search.memory = Memory::bounded;
+      const Plan held = search_plan(src, dst, search, exchange_from_partial);
+      const bool cheap = options.objective == Objective::bytes
+                             ? held.bytes_recv_max() <= plan.bytes_recv_max()
+                             : held.est_us() <= (1 + options.memory_slack) * plan.est_us();
+      if (cheap && plan_builder::holds_bound(held)) {
+        plan = held;
+        bounded = true;
+      }
+    }
+  }
+  plan_builder::set_memory(plan, asked, bounded);
+  return plan;
+}
+
 // plan_redistribute; `exchange_from_partial`: whether an exchange may reduce the source's
 // Partials (two point-to-point rounds in one step, which a batch's rounds do not run).
 constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptions options,
                                  bool exchange_from_partial) {
-  detail::check_same_tensor(src, dst);
+  check_same_tensor(src, dst);
+  return plan_redistribute(src, dst, options, exchange_from_partial,
+                           options.memory == Memory::automatic && seeks_bound(src, dst, options));
+}
+
+// The search of plan_redistribute under Memory::any or Memory::bounded.
+constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
+                           bool exchange_from_partial) {
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   const Placements& a = src.placements();
   const Placements& b = dst.placements();

@@ -74,11 +74,41 @@ constexpr std::size_t stages_of(const Plan& plan, Stage* stages) {
 // Whether, on every rank, every block between the stages of `plan` holds no more elements than
 // the larger of that rank's source and target blocks (Memory::bounded).
 constexpr bool blocks_within_ends(const Plan& plan) {
+  if (plan.size() < 2) return true;  // no block between steps
   Stage stages[max_plan_steps];
   const std::size_t n = stages_of(plan, stages);
   if (n < 2) return true;
   const Layout& base = plan.src();
   const DeviceMesh& mesh = base.mesh();
+  // Where every layout is even, every rank's block holds the tensor's elements over the pieces
+  // its shards cut (0 where some is uneven): fewer pieces, a larger block, on every rank alike.
+  auto even_pieces = [&](const Placements& ps) -> std::int64_t {
+    std::int64_t parts[max_tensor_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
+    std::int64_t all = 1;
+    for (int k = 0; k < mesh.ndim(); ++k)
+      if (ps[k].is_shard()) {
+        parts[ps[k].dim()] *= mesh.size(k);
+        all *= mesh.size(k);
+      }
+    for (int d = 0; d < base.tensor_ndim(); ++d)
+      if (base.global_shape()[d] % parts[d] != 0) return 0;
+    return all;
+  };
+  const std::int64_t from_pieces = even_pieces(base.placements());
+  const std::int64_t to_pieces = from_pieces > 0 ? even_pieces(plan.dst().placements()) : 0;
+  bool all_even = to_pieces > 0;
+  if (all_even) {
+    const std::int64_t fewest = from_pieces < to_pieces ? from_pieces : to_pieces;
+    for (std::size_t i = 0; i + 1 < n; ++i) {
+      const std::int64_t pieces = even_pieces(plan[stages[i].last].after);
+      if (pieces == 0) {
+        all_even = false;
+        break;
+      }
+      if (pieces < fewest) return false;
+    }
+    if (all_even) return true;
+  }
   for (int r = 0; r < mesh.size(); ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
     const std::int64_t from = base.local_box(c).numel(), to = plan.dst().local_box(c).numel();

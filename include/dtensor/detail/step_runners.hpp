@@ -433,14 +433,14 @@ constexpr bool folds_one_at_a_time(ReduceOp op, DType dtype) noexcept {
 }
 
 // Whether a reduce-scatter run as point-to-point messages (run_exchange_reduce) runs as g - 1
-// rounds of one message each way instead of one round (under Memory::bounded): in round s each
-// member sends member me+s its partial of that member's piece and receives member me-s's partial
-// of its own. A member whose block it may overwrite (StepContext::block_writable) receives the
-// first into its target and each later one into the slot of the piece it sent the round before,
-// so that it stages nothing where one round stages g - 2 partials. For even pieces (a slot holds
-// a piece), or uneven ones whose parts fold one at a time (folds_one_at_a_time: the member
-// copies its own partial into the target, receives each other one into its own piece's slot and
-// reduces it into the target after each round; every member combines its parts in the order of
+// rounds of one message each way instead of one round (on a bounded plan, Plan::memory_bounded): in
+// round s each member sends member me+s its partial of that member's piece and receives member
+// me-s's partial of its own. A member whose block it may overwrite (StepContext::block_writable)
+// receives the first into its target and each later one into the slot of the piece it sent the
+// round before, so that it stages nothing where one round stages g - 2 partials. For even pieces (a
+// slot holds a piece), or uneven ones whose parts fold one at a time (folds_one_at_a_time: the
+// member copies its own partial into the target, receives each other one into its own piece's slot
+// and reduces it into the target after each round; every member combines its parts in the order of
 // the rounds, its own, member me-1's, me-2's, ...), sent from where they lie (a link with
 // strided messages, or slabs of every block), at least 3 members, on a link that may take
 // several calls for a step (not a batch's round). Every rank decides alike, from the step, the
@@ -448,8 +448,8 @@ constexpr bool folds_one_at_a_time(ReduceOp op, DType dtype) noexcept {
 // (`is_even()`: whether the step is even, step_is_even; asked only past the cheaper tests.)
 template <class IsEven>
 bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEven&& is_even) {
-  if (plan.options().memory != Memory::bounded || a.one_call_per_step ||
-      step.kind != StepKind::reduce_scatter || plan.src().mesh().size(step.mesh_dim) < 3)
+  if (!plan.memory_bounded() || a.one_call_per_step || step.kind != StepKind::reduce_scatter ||
+      plan.src().mesh().size(step.mesh_dim) < 3)
     return false;
   const bool even = is_even();
   return (even ||
@@ -462,7 +462,7 @@ inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
 }
 
 // The members of each group of an exchange from a Partial (reduce_exchange.hpp) whose first
-// round, under Memory::bounded, runs as one round per member instead (0 where it does not): in
+// round, on a bounded plan, runs as one round per member instead (0 where it does not): in
 // round t member t sends every other member its partial of that member's part and each other
 // member receives it into one slot and folds it into its reduced part, so that the parts
 // combine in group order, as in one round, and a member stages two parts (the reduced one and
@@ -471,8 +471,8 @@ inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
 // which Memory::bounded does not plan), on a link that may take several calls for a step.
 // Every rank decides alike: the rounds meet the mesh.
 inline int reduces_parts_in_rounds(const Plan& plan, const Step& step, LinkAbilities a) {
-  if (plan.options().memory != Memory::bounded || a.one_call_per_step ||
-      step.kind != StepKind::exchange || step.by_elements)
+  if (!plan.memory_bounded() || a.one_call_per_step || step.kind != StepKind::exchange ||
+      step.by_elements)
     return 0;
   const ReducedPartials r = reduced_partials(step.before, step.after);
   if (r.dims == 0 || !folds_one_at_a_time(r.op, plan.src().dtype())) return 0;
@@ -1426,9 +1426,9 @@ inline StepContext as_member(const StepContext& c, int j) {
   return m;
 }
 
-// Under Memory::bounded, a native all-gather, reduce-scatter or all-to-all (even or padded)
-// that stages more than a member of its group has room for runs in bands of tensor dim 0, one
-// collective of the group per band, each moving its rows: the rows per band, 0 for one call.
+// On a bounded plan (Plan::memory_bounded), a native all-gather, reduce-scatter or all-to-all (even
+// or padded) that stages more than a member of its group has room for runs in bands of tensor dim
+// 0, one collective of the group per band, each moving its rows: the rows per band, 0 for one call.
 // A member's room is the larger of its source and target blocks less the blocks the step
 // reads and writes, counted as held in scratch unless they are the source (the first stage) or
 // the target (the last). Every member computes the same figure, from every member's staging
@@ -1437,8 +1437,8 @@ inline StepContext as_member(const StepContext& c, int j) {
 // each), nor on a link that runs a step as one operation, nor where one row does not fit.
 inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first, bool last) {
   const Plan& plan = c.plan;
-  if (a.one_call_per_step || plan.options().memory != Memory::bounded || c.messages ||
-      !(c.even || c.step.padded) || c.have.shape.empty())
+  if (a.one_call_per_step || !plan.memory_bounded() || c.messages || !(c.even || c.step.padded) ||
+      c.have.shape.empty())
     return 0;
   switch (c.step.kind) {
     case StepKind::all_gather:
