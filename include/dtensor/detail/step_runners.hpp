@@ -432,6 +432,27 @@ constexpr bool folds_one_at_a_time(ReduceOp op, DType dtype) noexcept {
          dtype != DType::bf16;
 }
 
+// Whether a reduce-scatter step of `plan` as one point-to-point round, its pieces sent from where
+// they lie, would take some rank past the larger of its source and target blocks: it stages the
+// g - 2 partials of the rank's piece it receives (its own is reduced from the block, one other is
+// received into the target) beside the block it reads and the one it writes, counted as scratch
+// unless the step writes the caller's target (the plan's last). The origin speaks for every rank
+// where the step is even; otherwise each rank is asked.
+inline bool one_round_passes_bound(const Plan& plan, const Step& step, bool even) {
+  const Layout& base = plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  const std::int64_t g = mesh.size(step.mesh_dim);
+  const bool last = step.after == plan.dst().placements();
+  for (int r = 0; r < (even ? 1 : mesh.size()); ++r) {
+    const MeshCoord c = mesh.coordinate_at(r);
+    const std::int64_t want = base.local_box(step.after, c).numel();
+    const std::int64_t have = base.local_box(step.before, c).numel();
+    const std::int64_t ends = std::max(base.local_box(c).numel(), plan.dst().local_box(c).numel());
+    if ((g - 2) * want + have + (last ? 0 : want) > ends) return true;
+  }
+  return false;
+}
+
 // Whether a reduce-scatter run as point-to-point messages (run_exchange_reduce) runs as g - 1
 // rounds of one message each way instead of one round (on a bounded plan, Plan::memory_bounded): in
 // round s each member sends member me+s its partial of that member's piece and receives member
@@ -443,19 +464,23 @@ constexpr bool folds_one_at_a_time(ReduceOp op, DType dtype) noexcept {
 // and reduces it into the target after each round; every member combines its parts in the order of
 // the rounds, its own, member me-1's, me-2's, ...), sent from where they lie (a link with
 // strided messages, or slabs of every block), at least 3 members, on a link that may take
-// several calls for a step (not a batch's round). Every rank decides alike, from the step, the
-// options and the global shape: the rounds meet the mesh.
+// several calls for a step (not a batch's round), and only where they spare something: not the
+// plan's first step (its block is the caller's source, which no round may write, so rounds would
+// stage what one round does), and only where one round would take some rank past the larger of
+// its blocks (one_round_passes_bound). Every rank decides alike, from the step, the options and
+// the global shape: the rounds meet the mesh.
 // (`is_even()`: whether the step is even, step_is_even; asked only past the cheaper tests.)
 template <class IsEven>
 bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEven&& is_even) {
   if (!plan.memory_bounded() || a.one_call_per_step || step.kind != StepKind::reduce_scatter ||
-      plan.src().mesh().size(step.mesh_dim) < 3)
+      plan.src().mesh().size(step.mesh_dim) < 3 || step.before == plan.src().placements())
     return false;
   const bool even = is_even();
   return (even ||
           folds_one_at_a_time(step.before[step.mesh_dim].reduce_op(), plan.src().dtype())) &&
          scatters_by_messages(plan, step, even, a) &&
-         (a.strided_exchange || slabs_everywhere(plan, step));
+         (a.strided_exchange || slabs_everywhere(plan, step)) &&
+         one_round_passes_bound(plan, step, even);
 }
 inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
   return !c.messages && reduces_in_rounds(c.plan, c.step, a, [&c] { return c.even; });
