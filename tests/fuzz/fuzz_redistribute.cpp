@@ -179,6 +179,10 @@ Options parse_options(std::string_view line) {
       o.plan.partial_from_replicate = PartialFromReplicate::keep_one;
     else if (word == "bounded")
       o.plan.memory = Memory::bounded;
+    else if (word == "any")
+      o.plan.memory = Memory::any;
+    else if (word == "seek")  // Memory::automatic seeks the bound on any block
+      o.plan.bounded_from_bytes = 0;
     else if (word == "backward")
       o.backward = true;
     else if (word == "adjoint")
@@ -200,6 +204,8 @@ Options parse_options(std::string_view line) {
       if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 2u)) o.batch = true;
       if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 4u))
         o.plan.memory = Memory::bounded;
+      if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 8u))
+        o.plan.bounded_from_bytes = 0;
     }
   }
   return o;
@@ -230,14 +236,18 @@ std::string shape_text(const Shape& s) {
 std::string options_text(const Options& o) {
   return fmt::format(
       "objective={} padding={} exchange={} all_to_all={} policy={} partial_from_replicate={} "
-      "backward={} adjoint={} batch={} memory={}",
+      "backward={} adjoint={} batch={} memory={} bounded_from_bytes={}",
       o.plan.objective == Objective::bytes ? "bytes" : "time",
       o.plan.padding == Padding::always  ? "always"
       : o.plan.padding == Padding::never ? "never"
                                          : "auto",
       o.plan.allow_exchange, o.plan.allow_all_to_all, o.policy,
       o.plan.partial_from_replicate == PartialFromReplicate::keep_one ? "keep_one" : "divide",
-      o.backward, o.adjoint, o.batch, o.plan.memory == Memory::bounded ? "bounded" : "any");
+      o.backward, o.adjoint, o.batch,
+      o.plan.memory == Memory::bounded ? "bounded"
+      : o.plan.memory == Memory::any   ? "any"
+                                       : "auto",
+      o.plan.bounded_from_bytes);
 }
 
 // Whether every ')' closes an earlier '(' and every '(' is closed.
@@ -340,6 +350,13 @@ void check_plan(const Plan& plan, const Options& o, std::string_view what,
       mesh.size() <= max_check_ranks &&
       !must_succeed("blocks_within_ends", ctx, [&] { return blocks_within_ends(plan); }))
     fail("Memory::bounded without Partial holds a block larger than both ends");
+  // docs/planner.md: Memory::automatic's plan runs bounded only where it holds the bound.
+  if (o.plan.memory == Memory::automatic && plan.memory_bounded() &&
+      mesh.size() <= max_check_ranks &&
+      !must_succeed("blocks_within_ends", ctx, [&] { return blocks_within_ends(plan); }))
+    fail("Memory::automatic chose the bound for a plan holding a block larger than both ends");
+  if (plan.options().memory != o.plan.memory)
+    fail("the plan's options do not keep the memory mode asked for");
   if (mesh.size() <= max_check_ranks) {
     RankBytes most;
     for (int i = 0; i < mesh.size(); ++i) {
