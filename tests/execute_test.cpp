@@ -1161,6 +1161,123 @@ TEST_CASE("under Memory::bounded, a collective that stages past the larger end r
   CHECK(banded > 100);
 }
 
+namespace {
+
+// Runs `plan` through execute_async on a backend that packs (detail::RunOnRanks).
+void run_async_on_packing(const Plan& plan, std::vector<std::vector<float>>& in,
+                          std::vector<std::vector<float>>& out, std::vector<RankBytes>& measured) {
+  const DeviceMesh& mesh = plan.src().mesh();
+  SimulatedWorld world(mesh);
+  world.run([&](SimulatedBackend& b) {
+    const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
+    PackingBackend p(b);
+    execute_async(plan, p, in[i].data(), in[i].size() * sizeof(float), out[i].data(),
+                  out[i].size() * sizeof(float))
+        .wait();
+  });
+  for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
+}
+
+// `plan` (f32) run through execute_async on a backend that packs, checked against the global
+// view and the planned bytes: execute_async fails where a run starts more operations than
+// link_operations counts.
+void run_async_packed(const Plan& plan) {
+  const Verification v = detail::verify_typed<float>(plan, &run_async_on_packing);
+  CHECK(v.difference == "");
+  CHECK(v.verified);
+}
+
+}  // namespace
+
+TEST_CASE("under Memory::bounded, an exchange that stages past the larger end runs in rounds",
+          "[execute][memory]") {
+  // (S(0), S(1)) -> (S(1), R) on 2x4, 7x10 f32 is one exchange. Its pieces are column pieces of
+  // the rows each rank holds: a backend that packs stages every piece it sends and receives in
+  // one round, past the larger of a rank's blocks (268 B on rank 1, whose target is 140 B). In one
+  // round per shift s (rank me sends rank me + s its pieces and receives rank me - s's) it stages
+  // one round's: 80 B at most.
+  const DeviceMesh mesh({2, 4});
+  const Layout src(mesh, parse_placements("S(0),S(1)"), {7, 10});
+  const Layout dst(mesh, parse_placements("S(1),R"), {7, 10});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 1);
+  REQUIRE(plan[0].kind == StepKind::exchange);
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  const std::vector<int> shifts = detail::exchange_shifts(plan, plan[0], packs);
+  CHECK(shifts == std::vector<int>{1, 2, 3, 4, 5, 6, 7});
+  // A batch runs one call per step: one round.
+  CHECK(detail::exchange_shifts(plan, plan[0], {.one_call_per_step = true}).empty());
+  const auto [strided, packed] = run_strided_and_packed(plan);
+  // A backend that moves strided pieces stages nothing: one round.
+  CHECK(strided.collectives == 1);
+  CHECK(packed.collectives == 7);
+  bool one_round_over = false;
+  for (int i = 0; i < mesh.size(); ++i) {
+    const auto u = static_cast<std::size_t>(i);
+    const int rank = mesh.rank_at(i);
+    const std::int64_t ends = std::max(src.local_bytes(rank), dst.local_bytes(rank));
+    CHECK(packed.scratch_peak[u] <= ends);
+    CHECK(strided.scratch_peak[u] == 0);
+    // In one round (as a batch runs it): over on some rank.
+    one_round_over =
+        one_round_over || detail::rank_workspace_bytes(plan, mesh.coordinate_at(i), 0,
+                                                       {.one_call_per_step = true}) > ends;
+  }
+  CHECK(one_round_over);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 80);
+  CHECK(detail::workspace_bytes(plan, 0, {.one_call_per_step = true}) == 268);
+  // execute_async counts each round as an operation (link_operations).
+  CHECK(detail::link_operations(plan, packs) == 7);
+  run_async_packed(plan);
+
+  // An exchange from a Partial delivers its reduced parts the same way: (P, S(1)) -> (R, S(0))
+  // under the bytes objective reduces each pair's parts in one round, then sends every rank the
+  // rows of its target, one round per shift.
+  const Layout psrc(mesh, parse_placements("P,S(1)"), {7, 10});
+  const Layout pdst(mesh, parse_placements("R,S(0)"), {7, 10});
+  const Plan reducing = plan_redistribute(
+      psrc, pdst, PlanOptions{.objective = Objective::bytes, .memory = Memory::bounded});
+  INFO(explain(reducing));
+  REQUIRE(reducing.size() == 1);
+  REQUIRE(detail::exchange_reduces(reducing[0].before, reducing[0].after));
+  const MeshCoord origin(2, 0);
+  CHECK(detail::delivery_shifts(detail::step_context(reducing, 0, origin, false), packs).size() ==
+        7);
+  CHECK(detail::link_operations(reducing, packs) == 1 + 7);
+  const auto [rs, rp] = run_strided_and_packed(reducing);
+  for (int i = 0; i < mesh.size(); ++i) {
+    const int rank = mesh.rank_at(i);
+    CHECK(rp.scratch_peak[static_cast<std::size_t>(i)] <=
+          std::max(psrc.local_bytes(rank), pdst.local_bytes(rank)));
+  }
+  run_async_packed(reducing);
+
+  // Every bounded plan of the matrix on 2x4 whose exchange runs in rounds, through
+  // execute_async on a backend that packs: as many operations as counted, the global view.
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int in_rounds = 0;
+  testing::for_each_pair(mesh, letters, [&](int, int, const Placements& a, const Placements& b) {
+    for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+      for (const Objective objective : {Objective::time, Objective::bytes}) {
+        const Plan p = plan_redistribute(Layout(mesh, a, shape), Layout(mesh, b, shape),
+                                         {.objective = objective, .memory = Memory::bounded});
+        bool rounds = false;
+        for (std::size_t i = 0; i < p.size(); ++i)
+          rounds =
+              rounds || !detail::exchange_shifts(p, p[i], packs).empty() ||
+              !detail::delivery_shifts(detail::step_context(p, i, origin, false), packs).empty();
+        if (!rounds) continue;
+        ++in_rounds;
+        INFO(explain(p));
+        run_async_packed(p);
+      }
+  });
+  fmt::print("exchange rounds: {} bounded plans on 2x4 exchange in rounds on a packing backend\n",
+             in_rounds);
+  CHECK(in_rounds > 50);
+}
+
 TEST_CASE("by default a large redistribution holds the memory bound where it costs little",
           "[execute][memory]") {
   // (R, S(0)) -> (S(0), S(0)) on 2x2, 1024x512 f32 (1 MiB source blocks): the fastest plan

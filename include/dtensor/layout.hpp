@@ -202,14 +202,10 @@ class Layout {
   [[nodiscard]] constexpr std::int64_t local_bytes(int rank) const {
     return local_numel(rank) * elem_bytes();
   }
-  // The largest local block over all ranks, in bytes.
+  // The largest local block over all ranks, in bytes: the origin's, since every cut's first
+  // piece is its largest (max_chunk), nested cuts included.
   [[nodiscard]] constexpr std::int64_t max_local_bytes() const {
-    std::int64_t m = 0;
-    for (int i = 0; i < mesh_.size(); ++i) {
-      const std::int64_t b = local_bytes(mesh_.rank_at(i));
-      m = b > m ? b : m;
-    }
-    return m;
+    return local_box(MeshCoord(mesh_.shape().size(), 0)).numel() * elem_bytes();
   }
 
   // This layout with other placements (same mesh, shape, dtype and policy).

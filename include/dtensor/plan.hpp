@@ -216,7 +216,7 @@ class Plan {
   bool pruned_ = false;   // a candidate the planner stopped costing; never returned
   bool fits_ = true;      // under Memory::bounded: its blocks between steps are within the bound
   bool even_ = false;     // every layout it passes through is even (set where it is costed)
-  bool bounded_ = false;  // planned under Memory::bounded (memory_bounded)
+  bool bounded_ = false;  // runs within the memory bound (memory_bounded): bounded or automatic
 };
 
 }  // namespace dtensor

@@ -726,12 +726,7 @@ constexpr std::int64_t missing_elements(const Layout& base, const Placements& fr
 // mesh dim it asks base's mesh about is in range: it cannot throw.
 // NOLINTNEXTLINE(bugprone-exception-escape): cannot throw, see above
 constexpr bool is_even(const Layout& base, const Placements& ps) noexcept {
-  std::int64_t parts[max_tensor_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
-  for (int k = 0; k < base.mesh().ndim(); ++k)
-    if (ps[k].is_shard()) parts[ps[k].dim()] *= base.mesh().size(k);
-  for (int d = 0; d < base.tensor_ndim(); ++d)
-    if (base.global_shape()[d] % parts[d] != 0) return false;
-  return true;
+  return even_pieces(base, ps) > 0;
 }
 
 // Whether `a` and `b` (same tensor and mesh) are even and, along every tensor dim, the mesh
@@ -1657,12 +1652,13 @@ struct plan_builder {
   // Whether the plan is one the search under Memory::bounded would take as within the bound:
   // no block between steps larger than both ends (blocks_within_ends), no padded step (its
   // padded pieces are staged, on steps that may not run in bands) and no group's block cut by
-  // elements (its partials of a run are staged beside the rows around it).
+  // elements (its partials of a run are staged beside the rows around it). A plan of that
+  // search has its fits_ from blocks_within_ends already.
   static constexpr bool holds_bound(const Plan& plan) {
     return plan.fits_ &&
            std::ranges::none_of(plan.steps_,
                                 [](const Step& s) { return s.padded || s.by_elements; }) &&
-           blocks_within_ends(plan);
+           (plan.options_.memory == Memory::bounded || blocks_within_ends(plan));
   }
 };
 
@@ -2240,19 +2236,10 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
                            bool exchange_from_partial);
 
 // The bytes of the larger of the source and target blocks of the rank holding the largest: the
-// origin's, since every cut's first piece is its largest (max_chunk), nested cuts included.
+// origin's (Layout::max_local_bytes).
 constexpr std::int64_t largest_end_bytes(const Layout& src, const Layout& dst) {
-  auto largest = [](const Layout& l) {
-    Shape extents = l.global_shape();
-    for (int k = 0; k < l.mesh().ndim(); ++k)
-      if (const Placement& p = l.placement(k); p.is_shard())
-        extents[p.dim()] = max_chunk(extents[p.dim()], l.mesh().size(k), l.policy());
-    std::int64_t n = 1;
-    for (const std::int64_t e : extents) n = checked_mul(n, e);
-    return n;
-  };
-  const std::int64_t from = largest(src), to = largest(dst);
-  return bytes_mul(from > to ? from : to, src.elem_bytes());
+  const std::int64_t from = src.max_local_bytes(), to = dst.max_local_bytes();
+  return from > to ? from : to;
 }
 
 // Whether Memory::automatic seeks the bound for src -> dst: where the largest end reaches

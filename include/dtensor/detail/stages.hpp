@@ -71,6 +71,24 @@ constexpr std::size_t stages_of(const Plan& plan, Stage* stages) {
   return n;
 }
 
+// The pieces the shards of `ps` cut base's tensor into where every one cuts its tensor dim into
+// equal pieces (every rank's block then holds the tensor's elements over that many), else 0.
+// Every mesh dim it asks base's mesh about is in range: it cannot throw.
+// NOLINTNEXTLINE(bugprone-exception-escape): cannot throw, see above
+constexpr std::int64_t even_pieces(const Layout& base, const Placements& ps) noexcept {
+  const DeviceMesh& mesh = base.mesh();
+  std::int64_t parts[max_tensor_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
+  std::int64_t all = 1;
+  for (int k = 0; k < mesh.ndim(); ++k)
+    if (ps[k].is_shard()) {
+      parts[ps[k].dim()] *= mesh.size(k);
+      all *= mesh.size(k);
+    }
+  for (int d = 0; d < base.tensor_ndim(); ++d)
+    if (base.global_shape()[d] % parts[d] != 0) return 0;
+  return all;
+}
+
 // Whether, on every rank, every block between the stages of `plan` holds no more elements than
 // the larger of that rank's source and target blocks (Memory::bounded).
 constexpr bool blocks_within_ends(const Plan& plan) {
@@ -81,26 +99,14 @@ constexpr bool blocks_within_ends(const Plan& plan) {
   const Layout& base = plan.src();
   const DeviceMesh& mesh = base.mesh();
   // Where every layout is even, every rank's block holds the tensor's elements over the pieces
-  // its shards cut (0 where some is uneven): fewer pieces, a larger block, on every rank alike.
-  auto even_pieces = [&](const Placements& ps) -> std::int64_t {
-    std::int64_t parts[max_tensor_dims] = {1, 1, 1, 1, 1, 1, 1, 1};
-    std::int64_t all = 1;
-    for (int k = 0; k < mesh.ndim(); ++k)
-      if (ps[k].is_shard()) {
-        parts[ps[k].dim()] *= mesh.size(k);
-        all *= mesh.size(k);
-      }
-    for (int d = 0; d < base.tensor_ndim(); ++d)
-      if (base.global_shape()[d] % parts[d] != 0) return 0;
-    return all;
-  };
-  const std::int64_t from_pieces = even_pieces(base.placements());
-  const std::int64_t to_pieces = from_pieces > 0 ? even_pieces(plan.dst().placements()) : 0;
+  // its shards cut: fewer pieces, a larger block, on every rank alike.
+  const std::int64_t from_pieces = even_pieces(base, base.placements());
+  const std::int64_t to_pieces = from_pieces > 0 ? even_pieces(base, plan.dst().placements()) : 0;
   bool all_even = to_pieces > 0;
   if (all_even) {
     const std::int64_t fewest = from_pieces < to_pieces ? from_pieces : to_pieces;
     for (std::size_t i = 0; i + 1 < n; ++i) {
-      const std::int64_t pieces = even_pieces(plan[stages[i].last].after);
+      const std::int64_t pieces = even_pieces(base, plan[stages[i].last].after);
       if (pieces == 0) {
         all_even = false;
         break;

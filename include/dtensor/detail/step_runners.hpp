@@ -505,19 +505,28 @@ inline int reduces_parts_in_rounds(const Plan& plan, const Step& step, LinkAbili
   return g >= 3 ? g : 0;
 }
 
+inline std::vector<int> exchange_shifts(const Plan& plan, const Step& step, LinkAbilities a);
+inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a);
+inline StepContext exchange_context(const Plan& plan, const Step& step, const MeshCoord& me);
+
 // The operations a plan starts on a link with abilities `a`: one per communication step, two
 // for an exchange from a Partial (its parts reduced, then delivered; g + 1 where it reduces in
 // rounds, reduces_parts_in_rounds) and for an all-reduce by messages (all_reduces_by_messages:
 // a reduce-scatter then an all-gather), g - 1 for a reduce-scatter in rounds
-// (reduces_in_rounds).
+// (reduces_in_rounds), one per shift for an exchange in rounds (exchange_shifts).
 inline int link_operations(const Plan& plan, LinkAbilities a) {
   int n = 0;
   for (const Step& s : plan) {
     if (!moves_data(s.kind)) continue;
-    if (const int rounds = reduces_parts_in_rounds(plan, s, a); rounds > 0)
-      n += rounds + 1;
-    else if ((s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) ||
-             (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from)))
+    if (s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) {
+      const int parts = reduces_parts_in_rounds(plan, s, a);
+      const MeshCoord origin(static_cast<std::size_t>(plan.src().mesh().ndim()), 0);
+      const auto shifts =
+          static_cast<int>(delivery_shifts(exchange_context(plan, s, origin), a).size());
+      n += (parts > 0 ? parts : 1) + (shifts > 0 ? shifts : 1);
+    } else if (const std::size_t shifts = exchange_shifts(plan, s, a).size(); shifts > 0)
+      n += static_cast<int>(shifts);
+    else if (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from))
       n += 2;
     else if (reduces_in_rounds(plan, s, a, [&] { return step_is_even(plan, s); }))
       n += plan.src().mesh().size(s.mesh_dim) - 1;
@@ -1040,7 +1049,10 @@ Task<std::size_t> run_all_reduce_by_messages(L link, const Ops& ops, const StepC
 // How an exchange moves its pieces on this rank: the pieces to and from other ranks, each sent
 // from the block or received into the target where it lies there (one contiguous run, or, on a
 // link that moves strided messages, runs of one stride), packed or staged one after another
-// otherwise; this rank's own pieces are copied.
+// otherwise; this rank's own pieces are copied. In one round, or (`rounds`, exchange_shifts)
+// in one round per shift s, in which every rank sends rank me + s its pieces and receives
+// those of rank me - s (in mesh order, modulo the mesh's size): the staging is then the
+// largest round's, each piece staged from the start of its round's buffers.
 struct ExchangeWay : Staging {
   struct Piece {
     int peer = 0;
@@ -1049,8 +1061,13 @@ struct ExchangeWay : Staging {
     bool in_place = false;  // where it lies in the block (sent) or the target (received)
     StridedPieces runs;     // in place: its runs there; else one run
   };
+  // One round of an exchange in rounds: the global ranks it sends to and receives from.
+  struct Round {
+    int to = 0, from = 0;
+  };
   std::vector<Piece> outgoing, incoming;
   std::vector<Box> own;
+  std::vector<Round> rounds;  // empty: one round
 };
 
 // The piece as it moves: in place in `block` where it lies as one run or (`strided`) as runs of
@@ -1068,49 +1085,155 @@ inline ExchangeWay::Piece exchange_piece(int peer, const Box& piece, const Box& 
   return p;
 }
 
-inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
-  const Layout& base = c.plan.src();
+// The pieces of an exchange (not from a Partial) of `plan` on the rank at `me`, in one round,
+// the staging not yet placed in spare room.
+inline ExchangeWay exchange_pieces(const Plan& plan, const Step& step, const MeshCoord& me,
+                                   bool strided) {
+  const Layout& base = plan.src();
   const DeviceMesh& mesh = base.mesh();
+  const auto elem = static_cast<std::size_t>(base.elem_bytes());
+  const Box have = base.local_box(step.before, me), want = base.local_box(step.after, me);
   ExchangeWay w;
   for_each_exchange_target(
-      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& receiver, const Box& piece) {
-        if (receiver == c.me) return;
+      base, step.before, step.after, me, [&](const MeshCoord& receiver, const Box& piece) {
+        if (receiver == me) return;
         w.outgoing.push_back(
-            exchange_piece(mesh.rank(receiver), piece, c.have, c.elem, a.strided_exchange, w.send));
+            exchange_piece(mesh.rank(receiver), piece, have, elem, strided, w.send));
       });
   for_each_exchange_source(
-      base, c.step.before, c.step.after, c.me, [&](const MeshCoord& source, const Box& piece) {
-        if (source == c.me) {
+      base, step.before, step.after, me, [&](const MeshCoord& source, const Box& piece) {
+        if (source == me) {
           w.own.push_back(piece);
           return;
         }
-        w.incoming.push_back(
-            exchange_piece(mesh.rank(source), piece, c.want, c.elem, a.strided_exchange, w.recv));
+        w.incoming.push_back(exchange_piece(mesh.rank(source), piece, want, elem, strided, w.recv));
       });
+  return w;
+}
+
+// What one round of an exchange stages on a rank (all of it), and the pieces that rounds would
+// move one shift at a time (those of the exchange, or of an exchange from a Partial's delivery).
+struct OneRound {
+  std::size_t staged = 0;
+  ExchangeWay pieces;
+};
+
+// The shifts (ascending) of an exchange's rounds (ExchangeWay::rounds) on a bounded plan, or
+// none for one round: where one round (`one_round(coord)`) would take some rank whose pieces
+// stage anything past the larger of its source and target blocks, with the block it reads and
+// the one it writes (in scratch unless the caller's source or target). Each shift in which some
+// rank sends a piece is one round. Every rank decides alike, from every rank's round: the
+// rounds meet the mesh.
+template <class OneRoundAt>
+std::vector<int> shifts_past_bound(const Plan& plan, const Step& step, OneRoundAt&& one_round) {
+  const Layout& base = plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  const int ranks = mesh.size();
+  const bool first = step.before == base.placements(), last = step.after == plan.dst().placements();
+  const std::int64_t elem = base.elem_bytes();
+  bool passes = false;
+  std::vector<bool> used(static_cast<std::size_t>(ranks), false);
+  for (int r = 0; r < ranks; ++r) {
+    const MeshCoord c = mesh.coordinate_at(r);
+    const OneRound round = one_round(c);
+    const std::int64_t have = base.local_box(step.before, c).numel() * elem;
+    const std::int64_t want = base.local_box(step.after, c).numel() * elem;
+    const std::int64_t ends =
+        std::max(base.local_box(c).numel(), plan.dst().local_box(c).numel()) * elem;
+    passes =
+        passes ||
+        (round.pieces.send + round.pieces.recv > 0 &&
+         (first ? 0 : have) + (last ? 0 : want) + static_cast<std::int64_t>(round.staged) > ends);
+    for (const ExchangeWay::Piece& p : round.pieces.outgoing)
+      used[static_cast<std::size_t>((mesh.index_of(p.peer) - r + ranks) % ranks)] = true;
+  }
+  std::vector<int> shifts;
+  if (passes)
+    for (int s = 1; s < ranks; ++s)
+      if (used[static_cast<std::size_t>(s)]) shifts.push_back(s);
+  return shifts;
+}
+
+// The shifts in which an exchange (not from a Partial) runs as one round each
+// (shifts_past_bound), on a bounded plan (Plan::memory_bounded), a mesh of 3 or more ranks and
+// a link that may take several calls for a step; none for one round.
+inline std::vector<int> exchange_shifts(const Plan& plan, const Step& step, LinkAbilities a) {
+  if (!plan.memory_bounded() || a.one_call_per_step || step.kind != StepKind::exchange ||
+      plan.src().mesh().size() < 3 || exchange_reduces(step.before, step.after))
+    return {};
+  return shifts_past_bound(plan, step, [&](const MeshCoord& c) {
+    ExchangeWay w = exchange_pieces(plan, step, c, a.strided_exchange);
+    const std::size_t staged = w.send + w.recv;
+    return OneRound{staged, std::move(w)};
+  });
+}
+
+// Lays out the staging of the exchange pieces `w` of the rank at `me` for one round per shift
+// of `shifts` (ExchangeWay::rounds): each round's pieces from the start of the buffers, the
+// largest round's staging.
+inline void stage_in_rounds(ExchangeWay& w, const std::vector<int>& shifts, const DeviceMesh& mesh,
+                            const MeshCoord& me, std::size_t elem) {
+  const int ranks = mesh.size(), at = mesh.index(me);
+  w.send = w.recv = 0;
+  auto stage = [elem](std::vector<ExchangeWay::Piece>& pieces, int peer, std::size_t& most) {
+    std::size_t bytes = 0;
+    for (ExchangeWay::Piece& p : pieces)
+      if (p.peer == peer && !p.in_place) {
+        p.at = bytes;
+        bytes += bytes_of(p.box, elem);
+      }
+    most = std::max(most, bytes);
+  };
+  for (const int s : shifts) {
+    const ExchangeWay::Round round{mesh.rank_at((at + s) % ranks),
+                                   mesh.rank_at((at - s + ranks) % ranks)};
+    w.rounds.push_back(round);
+    stage(w.outgoing, round.to, w.send);
+    stage(w.incoming, round.from, w.recv);
+  }
+}
+
+inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
+  ExchangeWay w = exchange_pieces(c.plan, c.step, c.me, a.strided_exchange);
+  if (!c.messages)
+    if (const std::vector<int> shifts = exchange_shifts(c.plan, c.step, a); !shifts.empty())
+      stage_in_rounds(w, shifts, c.plan.src().mesh(), c.me, c.elem);
   w.use_spare(c.spare_bytes);
   return w;
 }
 
+// One round of an exchange's pieces `w` (move_pieces): those to global rank `to` and from
+// global rank `from_peer`, or (both -1) every piece.
+template <class L, class Ops>
+Task<void> move_round(L link, const Ops& ops, const ExchangeWay& w, const std::byte* from,
+                      const Box& from_box, std::byte* out, const Box& want, std::byte* send,
+                      std::byte* recv, std::size_t elem, int to, int from_peer) {
+  Messages m;
+  for (const ExchangeWay::Piece& p : w.outgoing) {
+    if (to >= 0 && p.peer != to) continue;
+    if (!p.in_place) copy_piece(ops, from, from_box, send + p.at, p.box, p.box, elem);
+    m.send(p.peer, (p.in_place ? from : send) + p.at, p.runs);
+  }
+  auto received = [&](const ExchangeWay::Piece& p) { return from_peer < 0 || p.peer == from_peer; };
+  for (const ExchangeWay::Piece& p : w.incoming)
+    if (received(p)) m.recv(p.peer, (p.in_place ? out : recv) + p.at, p.runs);
+  co_await send_and_receive(link, m);
+  for (const ExchangeWay::Piece& p : w.incoming)
+    if (received(p) && !p.in_place) copy_piece(ops, recv + p.at, p.box, out, want, p.box, elem);
+}
+
 // Runs an exchange's pieces `w` from the block `from` (box `from_box`) into the block `out`
 // (box `want`): copies this rank's own pieces, sends and receives the others where they lie or
-// packed at `send` and staged at `recv`, and unpacks those.
+// packed at `send` and staged at `recv`, and unpacks those; in one round, or in w.rounds.
 template <class L, class Ops>
 Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::byte* from,
                        const Box& from_box, std::byte* out, const Box& want, std::byte* send,
                        std::byte* recv, std::size_t elem) {
   for (const Box& piece : w.own) copy_piece(ops, from, from_box, out, want, piece, elem);
-  Messages m;
-  m.sends.reserve(w.outgoing.size());
-  m.recvs.reserve(w.incoming.size());
-  for (const ExchangeWay::Piece& p : w.outgoing) {
-    if (!p.in_place) copy_piece(ops, from, from_box, send + p.at, p.box, p.box, elem);
-    m.send(p.peer, (p.in_place ? from : send) + p.at, p.runs);
-  }
-  for (const ExchangeWay::Piece& p : w.incoming)
-    m.recv(p.peer, (p.in_place ? out : recv) + p.at, p.runs);
-  co_await send_and_receive(link, m);
-  for (const ExchangeWay::Piece& p : w.incoming)
-    if (!p.in_place) copy_piece(ops, recv + p.at, p.box, out, want, p.box, elem);
+  if (w.rounds.empty())
+    co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, -1, -1);
+  for (const ExchangeWay::Round& r : w.rounds)
+    co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, r.to, r.from);
 }
 
 // How an exchange from a Partial (reduce_exchange.hpp) moves its pieces on this rank. First
@@ -1182,7 +1305,9 @@ void pack_part(const Ops& ops, const ReducingExchangeWay& w, std::size_t j, cons
   }
 }
 
-inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbilities a) {
+// How the rank of `c` runs an exchange from a Partial, its delivery in one round, the staging
+// not yet placed in spare room (what delivery_shifts weighs).
+inline ReducingExchangeWay reducing_exchange_pieces(const StepContext& c, LinkAbilities a) {
   const Layout& base = c.plan.src();
   const DeviceMesh& mesh = base.mesh();
   const Placements& before = c.step.before;
@@ -1265,8 +1390,61 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
                                     : w.first_slot + w.part_bytes * (w.slots - 1);
   w.send = packed + w.deliver.send;
   w.recv = w.deliver_recv_at + w.deliver.recv;
+  return w;
+}
+
+// How the rank of `c` runs an exchange from a Partial: reducing_exchange_pieces, its delivery
+// in rounds where delivery_shifts says, the staging in spare room where it fits.
+inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbilities a) {
+  ReducingExchangeWay w = reducing_exchange_pieces(c, a);
+  if (!c.messages)
+    if (const std::vector<int> shifts = delivery_shifts(c, a); !shifts.empty()) {
+      stage_in_rounds(w.deliver, shifts, c.plan.src().mesh(), c.me, c.elem);
+      w.send = w.deliver_send_at + w.deliver.send;
+      w.recv = w.deliver_recv_at + w.deliver.recv;
+    }
   w.use_spare(c.spare_bytes);
   return w;
+}
+
+// Step c as the rank at `me` runs it: that rank's blocks, no spare room.
+inline StepContext at_rank(const StepContext& c, const MeshCoord& me) {
+  StepContext r = c;
+  r.me = me;
+  r.have = c.before.local_box(me);
+  r.want = c.after.local_box(me);
+  r.spare = nullptr;
+  r.spare_bytes = 0;
+  return r;
+}
+
+// The context of `step` of `plan` (an exchange) on the rank at `me`, as step_context makes it.
+inline StepContext exchange_context(const Plan& plan, const Step& step, const MeshCoord& me) {
+  const Layout& base = plan.src();
+  return {plan,
+          base.with_placements(step.before),
+          base.with_placements(step.after),
+          me,
+          base.local_box(step.before, me),
+          base.local_box(step.after, me),
+          static_cast<std::size_t>(base.elem_bytes()),
+          false,
+          false,
+          step};
+}
+
+// The shifts in which the delivery (second round) of an exchange from a Partial runs as one
+// round each, as exchange_shifts decides for an exchange, weighing the whole step's one-round
+// staging and its delivery's pieces (shifts_past_bound).
+inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a) {
+  const Plan& plan = c.plan;
+  if (!plan.memory_bounded() || a.one_call_per_step || c.step.kind != StepKind::exchange ||
+      plan.src().mesh().size() < 3 || !exchange_reduces(c.step.before, c.step.after))
+    return {};
+  return shifts_past_bound(plan, c.step, [&](const MeshCoord& me) {
+    ReducingExchangeWay w = reducing_exchange_pieces(at_rank(c, me), a);
+    return OneRound{w.send + w.recv, std::move(w.deliver)};
+  });
 }
 
 // The first round of an exchange from a Partial as one round per member
