@@ -625,7 +625,13 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
           *std::max_element(strided.scratch_peak.begin(), strided.scratch_peak.end());
       const std::int64_t packed_most =
           *std::max_element(packed.scratch_peak.begin(), packed.scratch_peak.end());
-      CHECK(strided_most < packed_most);
+      // Except where a backend that packs packs one piece per round (packs_in_rounds) while
+      // one that sends strided pieces keeps one round from the caller's source: as much there.
+      if (c.mesh == "4" && c.from == "P" && c.shape == Shape{7, 10} &&
+          c.memory == Memory::bounded && dtype != DType::bf16)
+        CHECK(strided_most == packed_most);
+      else
+        CHECK(strided_most < packed_most);
       CHECK(strided_most == workspace_bytes<SimulatedBackend>(plan));
       // An exact reduction over a pair reads its own partial where it lies and receives the
       // other's into the target: the reduce-scatter stages nothing, and the a2a before it holds
@@ -1276,6 +1282,72 @@ TEST_CASE("under Memory::bounded, an exchange that stages past the larger end ru
   fmt::print("exchange rounds: {} bounded plans on 2x4 exchange in rounds on a packing backend\n",
              in_rounds);
   CHECK(in_rounds > 50);
+}
+
+TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs one per round",
+          "[execute][memory]") {
+  // P -> S(1) on 4 ranks, 7x10 f32: column pieces of 3, 3, 3 and 1, reduced by point-to-point
+  // messages (uneven). In one round a backend that packs stages the other members' pieces and 3
+  // partials of its own (448 B on ranks 0 to 2, whose larger block is the 280 B source); in 3
+  // rounds, one piece packed and one partial received at a time, folded into the target after
+  // its round: 168 B. A backend that sends strided pieces where they lie keeps one round from
+  // the caller's source (it would stage as much in rounds).
+  const DeviceMesh mesh({4});
+  const Layout src(mesh, parse_placements("P"), {7, 10});
+  const Layout dst(mesh, parse_placements("S(1)"), {7, 10});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 1);
+  REQUIRE(plan[0].kind == StepKind::reduce_scatter);
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  constexpr auto strided = detail::abilities_of<detail::Link<SimulatedBackend>>;
+  CHECK(detail::packs_in_rounds(plan, plan[0], packs));
+  CHECK_FALSE(detail::packs_in_rounds(plan, plan[0], strided));
+  CHECK(detail::link_operations(plan, packs) == 3);
+  CHECK(detail::link_operations(plan, strided) == 1);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 168);
+  CHECK(detail::workspace_bytes(plan, 0, {.one_call_per_step = true}) == 448);
+  const auto [s, p] = run_strided_and_packed(plan);
+  CHECK(s.collectives == 1);
+  CHECK(p.collectives == 3);
+  for (int i = 0; i < mesh.size(); ++i)
+    CHECK(p.scratch_peak[static_cast<std::size_t>(i)] <=
+          std::max(src.local_bytes(mesh.rank_at(i)), dst.local_bytes(mesh.rank_at(i))));
+  run_async_packed(plan);
+  // bf16 sums accumulate in float: folded one at a time they would round at every part, so they
+  // keep one round; max folds in any type.
+  for (const DType dtype : {DType::bf16, DType::f32}) {
+    const ReduceOp op = dtype == DType::bf16 ? ReduceOp::sum : ReduceOp::max;
+    const Plan other = plan_redistribute(Layout(mesh, {Partial(op)}, {7, 10}, dtype),
+                                         Layout(mesh, {Shard(1)}, {7, 10}, dtype),
+                                         PlanOptions{.memory = Memory::bounded});
+    CHECK(detail::link_operations(other, packs) == (dtype == DType::bf16 ? 1 : 3));
+    CHECK(verify_on_simulator(other).verified);
+    run_strided_and_packed(other);
+  }
+
+  // Every bounded plan of the matrix on 4, 2x2 and 2x4 that runs a step in several calls on a
+  // backend that packs (bands, rounds), through execute_async: as many operations as counted,
+  // the global view.
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int several = 0;
+  for (const DeviceMesh& m : {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4})})
+    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+        for (const Objective objective : {Objective::time, Objective::bytes}) {
+          const Plan q = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape),
+                                           {.objective = objective, .memory = Memory::bounded});
+          if (detail::link_operations(q, packs) ==
+              detail::link_operations(q, {.one_call_per_step = true}))
+            continue;
+          ++several;
+          INFO(explain(q));
+          run_async_packed(q);
+        }
+    });
+  fmt::print("several calls: {} bounded plans run a step in several calls on a packing backend\n",
+             several);
+  CHECK(several > 100);
 }
 
 TEST_CASE("by default a large redistribution holds the memory bound where it costs little",

@@ -46,11 +46,18 @@ inline std::int64_t workspace_bytes(const Plan& plan, std::uint32_t point_to_poi
 
 }  // namespace detail
 
-// Bytes of scratch memory execute() holds at most on any rank for this plan, on any backend:
-// the blocks between steps that do not fit in (or cannot use) the caller's target, around each
-// step, plus that step's staging. Not counted: the caller's source and target, and what a
-// backend allocates inside its collectives.
-inline std::int64_t workspace_bytes(const Plan& plan) { return detail::workspace_bytes(plan, 0); }
+// Bytes of scratch memory execute() holds at most on any rank for this plan, on a backend that
+// packs strided pieces (NCCL) or on one that moves them where they lie (MPI, the simulator),
+// whichever holds more: the blocks between steps that do not fit in (or cannot use) the
+// caller's target, around each step, plus that step's staging. (A backend that packs mostly
+// holds more; where a bounded plan's step packs one piece per round it can hold less.) Not
+// counted: the caller's source and target, and what a backend allocates inside its
+// collectives.
+inline std::int64_t workspace_bytes(const Plan& plan) {
+  constexpr detail::LinkAbilities strided{
+      .strided_all_to_all = true, .strided_all_gather = true, .strided_exchange = true};
+  return std::max(detail::workspace_bytes(plan, 0), detail::workspace_bytes(plan, 0, strided));
+}
 
 // The same on backend B (`workspace_bytes<MpiBackend>(plan)`), whose strided operations
 // (StridedAllToAll, StridedAllGather) need less staging: exactly what execute() holds on B's

@@ -432,25 +432,37 @@ constexpr bool folds_one_at_a_time(ReduceOp op, DType dtype) noexcept {
          dtype != DType::bf16;
 }
 
-// Whether a reduce-scatter step of `plan` as one point-to-point round, its pieces sent from where
-// they lie, would take some rank past the larger of its source and target blocks: it stages the
+// Whether a reduce-scatter step of `plan` as one point-to-point round would take some rank past
+// the larger of its source and target blocks. Its pieces sent from where they lie, it stages the
 // g - 2 partials of the rank's piece it receives (its own is reduced from the block, one other is
-// received into the target) beside the block it reads and the one it writes, counted as scratch
-// unless the step writes the caller's target (the plan's last). The origin speaks for every rank
-// where the step is even; otherwise each rank is asked.
-inline bool one_round_passes_bound(const Plan& plan, const Step& step, bool even) {
+// received into the target); packed (`packs`), the other members' pieces and g - 1 partials (its
+// own is copied into the target). Beside them, the block it reads and the one it writes, counted
+// as scratch unless the step reads the caller's source (the plan's first) or writes its target
+// (the plan's last). The origin speaks for every rank where the step is even; otherwise each
+// rank is asked.
+inline bool one_round_passes_bound(const Plan& plan, const Step& step, bool even,
+                                   bool packs = false) {
   const Layout& base = plan.src();
   const DeviceMesh& mesh = base.mesh();
   const std::int64_t g = mesh.size(step.mesh_dim);
-  const bool last = step.after == plan.dst().placements();
+  const bool first = step.before == base.placements(), last = step.after == plan.dst().placements();
   for (int r = 0; r < (even ? 1 : mesh.size()); ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
     const std::int64_t want = base.local_box(step.after, c).numel();
     const std::int64_t have = base.local_box(step.before, c).numel();
     const std::int64_t ends = std::max(base.local_box(c).numel(), plan.dst().local_box(c).numel());
-    if ((g - 2) * want + have + (last ? 0 : want) > ends) return true;
+    const std::int64_t staged = packs ? (have - want) + (g - 1) * want : (g - 2) * want;
+    if (staged + (first ? 0 : have) + (last ? 0 : want) > ends) return true;
   }
   return false;
+}
+
+// Whether a reduce-scatter's rounds (reduces_in_rounds) pack their pieces, one per round, each
+// partial folded into the target as it comes: on a link without strided messages, whose pieces
+// are not slabs of every block, and where the parts fold one at a time (folds_one_at_a_time).
+inline bool packs_in_rounds(const Plan& plan, const Step& step, LinkAbilities a) {
+  return !a.strided_exchange && !slabs_everywhere(plan, step) &&
+         folds_one_at_a_time(step.before[step.mesh_dim].reduce_op(), plan.src().dtype());
 }
 
 // Whether a reduce-scatter run as point-to-point messages (run_exchange_reduce) runs as g - 1
@@ -467,20 +479,26 @@ inline bool one_round_passes_bound(const Plan& plan, const Step& step, bool even
 // several calls for a step (not a batch's round), and only where they spare something: not the
 // plan's first step (its block is the caller's source, which no round may write, so rounds would
 // stage what one round does), and only where one round would take some rank past the larger of
-// its blocks (one_round_passes_bound). Every rank decides alike, from the step, the options and
-// the global shape: the rounds meet the mesh.
+// its blocks (one_round_passes_bound). On a link that packs pieces that are not slabs
+// (packs_in_rounds), where the parts fold one at a time, each round packs one piece and receives
+// one partial, folded into the target after the round (every member in round order): first
+// steps included, since one round packs the whole block. Every rank decides alike, from the
+// step, the options and the global shape: the rounds meet the mesh.
 // (`is_even()`: whether the step is even, step_is_even; asked only past the cheaper tests.)
 template <class IsEven>
 bool reduces_in_rounds(const Plan& plan, const Step& step, LinkAbilities a, IsEven&& is_even) {
   if (!plan.memory_bounded() || a.one_call_per_step || step.kind != StepKind::reduce_scatter ||
-      plan.src().mesh().size(step.mesh_dim) < 3 || step.before == plan.src().placements())
+      plan.src().mesh().size(step.mesh_dim) < 3)
+    return false;
+  const bool packs = packs_in_rounds(plan, step, a);
+  if (!packs && (step.before == plan.src().placements() ||
+                 !(a.strided_exchange || slabs_everywhere(plan, step))))
     return false;
   const bool even = is_even();
   return (even ||
           folds_one_at_a_time(step.before[step.mesh_dim].reduce_op(), plan.src().dtype())) &&
          scatters_by_messages(plan, step, even, a) &&
-         (a.strided_exchange || slabs_everywhere(plan, step)) &&
-         one_round_passes_bound(plan, step, even);
+         one_round_passes_bound(plan, step, even, packs);
 }
 inline bool reduces_in_rounds(const StepContext& c, LinkAbilities a) {
   return !c.messages && reduces_in_rounds(c.plan, c.step, a, [&c] { return c.even; });
@@ -553,6 +571,9 @@ struct ExchangeReduceWay : Staging {
   bool into_slots = false;      // the partials received into the block's slots: no staging
   bool rotated = false;         // rounds with uneven pieces: parts combine in round order
   bool accumulates = false;     // into_slots and rotated: each part reduced after its round
+  bool packs = false;           // rounds packing one piece each, this member's not in place
+                                // (packs_in_rounds): each partial received into the staging
+                                // and reduced into the target after its round
   PieceRuns own_runs;           // where the own partial lies in the block (strided, in place)
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
 };
@@ -574,12 +595,20 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
     if (own) w.own_runs = *own;
   }
   w.rounds = reduces_in_rounds(c, a);
+  const bool packed_rounds = w.rounds && packs_in_rounds(c.plan, c.step, a);
   w.into_slots = w.rounds && c.block_writable && w.own_in_place && (slabs || w.strided);
-  w.rotated = w.rounds && !c.even;
+  w.packs = packed_rounds && !slabs && !w.strided;
+  // Packed rounds fold in round order on every member, even or not.
+  w.rotated = w.rounds && (!c.even || packed_rounds);
   w.accumulates = w.into_slots && w.rotated;
   w.at = packed_offsets(c, piece_of);
   w.send = slabs || w.strided ? 0 : w.at.back();
   w.recv = w.into_slots ? 0 : bytes_of(c.want, c.elem) * (w.own_in_place ? g - 2 : g - 1);
+  if (w.packs) {  // one piece packed, one partial received at a time
+    w.send = 0;
+    for (std::size_t j = 0; j < g; ++j) w.send = std::max(w.send, w.at[j + 1] - w.at[j]);
+    w.recv = bytes_of(c.want, c.elem);
+  }
   w.use_spare(c.spare_bytes);
   return w;
 }
@@ -665,6 +694,14 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
     Messages& m = to[u];
+    if (w.packs) {  // own copied into the target; each other partial into the staging
+      if (j == me) {
+        if (own_bytes) copy_piece(ops, cur, c.have, out, c.want, c.want, c.elem);
+      } else if (own_bytes) {
+        m.recv(global_rank(c, j), b.recv, own_bytes);
+      }
+      continue;  // packed and sent in its round
+    }
     if (w.accumulates) {
       if (j == me) {  // the first part, copied into the target before its slot is reused
         if (own_bytes) copy_piece(ops, cur, c.have, out, c.want, c.want, c.elem);
@@ -725,7 +762,19 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
       const Messages& in_from = to[static_cast<std::size_t>(member(-s))];
       round.sends = out_to.sends;
       round.recvs = in_from.recvs;
+      if (w.packs) {
+        const auto u = static_cast<std::size_t>(member(s));
+        if (const Box aj = piece_of(member(s)); !aj.empty()) {
+          copy_piece(ops, cur, c.have, b.send, aj, aj, c.elem);
+          round.send(global_rank(c, member(s)), b.send, w.at[u + 1] - w.at[u]);
+        }
+      }
       co_await send_and_receive(link, round);
+      if (w.packs && own_bytes) {
+        const std::vector<const void*> both{out, b.recv};
+        ops.reduce(dtype, out, both, static_cast<std::size_t>(c.want.numel()), op);
+        continue;
+      }
       if (!w.accumulates || !own_bytes) continue;
       const std::vector<const void*> both{out, own_at};
       if (slabs)
@@ -741,7 +790,7 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
     }
     co_await send_and_receive(link, all);
   }
-  if (own_bytes == 0 || w.accumulates) co_return b.allocated();
+  if (own_bytes == 0 || w.accumulates || w.packs) co_return b.allocated();
   auto own_part = static_cast<std::size_t>(me);
   if (w.rotated) {  // round order: part p is member me-p's
     const std::vector<const void*> by_member = parts;
