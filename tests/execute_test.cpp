@@ -23,6 +23,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 using namespace dtensor;
@@ -1261,6 +1262,57 @@ TEST_CASE("under Memory::bounded, an exchange that stages past the larger end ru
 
   // Every bounded plan whose exchanges run in rounds runs through execute_async in the next
   // test case's matrix.
+}
+
+TEST_CASE("the shifts of a step's rounds are decided once per process", "[execute][memory]") {
+  // Deciding an exchange's rounds weighs every rank's pieces; the answer depends on the plan, the
+  // step and the link alone, and is remembered: a second call, on any rank or thread, takes it.
+  using detail::RoundsKey;
+  auto& memo = detail::round_shifts_memo<RoundsKey>();
+  const DeviceMesh mesh({2, 4});
+  const Plan plan = plan_redistribute(Layout(mesh, parse_placements("S(0),S(1)"), {7, 10}),
+                                      Layout(mesh, parse_placements("S(1),R"), {7, 10}),
+                                      {.memory = Memory::bounded});
+  REQUIRE(plan.size() == 1);
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  constexpr auto strided = detail::abilities_of<detail::Link<SimulatedBackend>>;
+  const std::vector<int> all{1, 2, 3, 4, 5, 6, 7};
+  CHECK(detail::exchange_shifts(plan, plan[0], packs) == all);
+  int computed = 0;
+  auto count = [&computed] {
+    ++computed;
+    return std::vector<int>{};
+  };
+  CHECK(memo.get(plan, plan[0], RoundsKey{packs, false}, count) == all);
+  CHECK(computed == 0);
+  // Another link, or the same step's delivery, is another question.
+  CHECK(detail::exchange_shifts(plan, plan[0], strided).empty());
+  CHECK(memo.get(plan, plan[0], RoundsKey{packs, true}, count).empty());
+  CHECK(computed == 1);
+  // Another memo, keyed by an int: the oldest of more than `capacity` answers is computed again.
+  detail::RoundShiftsMemo<int> local;
+  computed = 0;
+  for (int i = 0; i <= static_cast<int>(decltype(local)::capacity); ++i)
+    local.get(plan, plan[0], i, count);
+  CHECK(computed == 9);
+  local.get(plan, plan[0], 8, count);
+  CHECK(computed == 9);
+  local.get(plan, plan[0], 0, count);
+  CHECK(computed == 10);
+  // Eight ranks asking at once: one computes, the others take its answer.
+  std::atomic<int> runs{0};
+  std::vector<std::thread> ranks;
+  std::vector<std::vector<int>> answers(8);
+  for (std::size_t r = 0; r < answers.size(); ++r)
+    ranks.emplace_back([&, r] {
+      answers[r] = local.get(plan, plan[0], 100, [&] {
+        ++runs;
+        return detail::exchange_shifts(plan, plan[0], packs);
+      });
+    });
+  for (std::thread& t : ranks) t.join();
+  CHECK(runs == 1);
+  for (const std::vector<int>& a : answers) CHECK(a == all);
 }
 
 TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs one per round",

@@ -13,6 +13,7 @@
 #include "../plan.hpp"
 #include "../planner.hpp"
 #include "link.hpp"
+#include "round_shifts_memo.hpp"
 #include "stages.hpp"
 #include "task.hpp"
 
@@ -146,6 +147,8 @@ struct LinkAbilities {
   // An even reduce-scatter or an all-reduce of blocks of at least this many bytes runs as
   // point-to-point rounds reduced here (B::reduce_messages_bytes): never by default.
   std::size_t reduce_messages_from = std::numeric_limits<std::size_t>::max();
+
+  friend constexpr bool operator==(const LinkAbilities&, const LinkAbilities&) noexcept = default;
 };
 
 template <class L>
@@ -525,7 +528,7 @@ inline int reduces_parts_in_rounds(const Plan& plan, const Step& step, LinkAbili
 
 inline std::vector<int> exchange_shifts(const Plan& plan, const Step& step, LinkAbilities a);
 inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a);
-inline StepContext exchange_context(const Plan& plan, const Step& step, const MeshCoord& me);
+inline StepContext context_at(const Plan& plan, const Step& step, const MeshCoord& me);
 
 // The operations a plan starts on a link with abilities `a`: one per communication step, two
 // for an exchange from a Partial (its parts reduced, then delivered; g + 1 where it reduces in
@@ -539,8 +542,7 @@ inline int link_operations(const Plan& plan, LinkAbilities a) {
     if (s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) {
       const int parts = reduces_parts_in_rounds(plan, s, a);
       const MeshCoord origin(static_cast<std::size_t>(plan.src().mesh().ndim()), 0);
-      const auto shifts =
-          static_cast<int>(delivery_shifts(exchange_context(plan, s, origin), a).size());
+      const auto shifts = static_cast<int>(delivery_shifts(context_at(plan, s, origin), a).size());
       n += (parts > 0 ? parts : 1) + (shifts > 0 ? shifts : 1);
     } else if (const std::size_t shifts = exchange_shifts(plan, s, a).size(); shifts > 0)
       n += static_cast<int>(shifts);
@@ -1203,6 +1205,15 @@ std::vector<int> shifts_past_bound(const Plan& plan, const Step& step, OneRoundA
   return shifts;
 }
 
+// What decides an exchange's rounds besides its plan and step (RoundShiftsMemo's key): the
+// link's abilities, and whether the rounds are an exchange's or a delivery's (delivery_shifts).
+struct RoundsKey {
+  LinkAbilities abilities;
+  bool delivery = false;
+
+  friend constexpr bool operator==(const RoundsKey&, const RoundsKey&) noexcept = default;
+};
+
 // The shifts in which an exchange (not from a Partial) runs as one round each
 // (shifts_past_bound), on a bounded plan (Plan::memory_bounded), a mesh of 3 or more ranks and
 // a link that may take several calls for a step; none for one round.
@@ -1210,10 +1221,12 @@ inline std::vector<int> exchange_shifts(const Plan& plan, const Step& step, Link
   if (!plan.memory_bounded() || a.one_call_per_step || step.kind != StepKind::exchange ||
       plan.src().mesh().size() < 3 || exchange_reduces(step.before, step.after))
     return {};
-  return shifts_past_bound(plan, step, [&](const MeshCoord& c) {
-    ExchangeWay w = exchange_pieces(plan, step, c, a.strided_exchange);
-    const std::size_t staged = w.send + w.recv;
-    return OneRound{staged, std::move(w)};
+  return round_shifts_memo<RoundsKey>().get(plan, step, RoundsKey{a, false}, [&] {
+    return shifts_past_bound(plan, step, [&](const MeshCoord& c) {
+      ExchangeWay w = exchange_pieces(plan, step, c, a.strided_exchange);
+      const std::size_t staged = w.send + w.recv;
+      return OneRound{staged, std::move(w)};
+    });
   });
 }
 
@@ -1467,8 +1480,9 @@ inline StepContext at_rank(const StepContext& c, const MeshCoord& me) {
   return r;
 }
 
-// The context of `step` of `plan` (an exchange) on the rank at `me`, as step_context makes it.
-inline StepContext exchange_context(const Plan& plan, const Step& step, const MeshCoord& me) {
+// The context of `step` of `plan` on the rank at `me`: one collective (not even, not messages),
+// no spare room, no band.
+inline StepContext context_at(const Plan& plan, const Step& step, const MeshCoord& me) {
   const Layout& base = plan.src();
   return {plan,
           base.with_placements(step.before),
@@ -1490,9 +1504,11 @@ inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a) {
   if (!plan.memory_bounded() || a.one_call_per_step || c.step.kind != StepKind::exchange ||
       plan.src().mesh().size() < 3 || !exchange_reduces(c.step.before, c.step.after))
     return {};
-  return shifts_past_bound(plan, c.step, [&](const MeshCoord& me) {
-    ReducingExchangeWay w = reducing_exchange_pieces(at_rank(c, me), a);
-    return OneRound{w.send + w.recv, std::move(w.deliver)};
+  return round_shifts_memo<RoundsKey>().get(plan, c.step, RoundsKey{a, true}, [&] {
+    return shifts_past_bound(plan, c.step, [&](const MeshCoord& me) {
+      ReducingExchangeWay w = reducing_exchange_pieces(at_rank(c, me), a);
+      return OneRound{w.send + w.recv, std::move(w.deliver)};
+    });
   });
 }
 
@@ -1809,18 +1825,10 @@ inline StepContext step_context(const Plan& plan, std::size_t i, const MeshCoord
                                 bool messages) {
   Step step = plan[i];
   if (messages) step.padded = false;
-  const Layout& base = plan.src();
-  const bool even = !messages && step_is_even(plan, step);
-  return {plan,
-          base.with_placements(step.before),
-          base.with_placements(step.after),
-          me,
-          base.local_box(step.before, me),
-          base.local_box(step.after, me),
-          static_cast<std::size_t>(base.elem_bytes()),
-          even,
-          messages,
-          step};
+  StepContext c = context_at(plan, step, me);
+  c.even = !messages && step_is_even(plan, step);
+  c.messages = messages;
+  return c;
 }
 
 // Where run_plan keeps the blocks between the steps of a plan on one rank, and the scratch that
