@@ -8,7 +8,7 @@
 #include "../plan.hpp"
 
 // The shifts of a step's point-to-point rounds, remembered for the process. Deciding them
-// (shifts_past_bound) weighs every rank's pieces, O(ranks x peers) on each rank: 5 ms for an
+// (shifts_past_bound) weighs every rank's pieces, O(ranks x peers) on each rank: 2.6 ms for an
 // exchange on a 16x64 mesh, paid by every call of a training loop. The answer depends on the
 // plan, the step and the link's abilities only, the same on every rank and every run; the
 // simulator's ranks, threads of one process, share it too.
