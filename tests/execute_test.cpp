@@ -1381,6 +1381,98 @@ TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs o
   CHECK(several * testing::exhaustive_stride() > 100);
 }
 
+TEST_CASE("an all-to-all that packs past the larger end runs by peers or receives into its block",
+          "[execute][memory]") {
+  // (R, S(0)) -> (S(0), S(1)) on 2x4, 8x16 f32: an all-to-all over 4 members into an 8x4 block in
+  // scratch (128 B, the larger end), then a chunk of its rows. On a backend that packs, one call
+  // packs the source's 4 column pieces (128 B, more than the target's 64 B of room) beside that
+  // block: 256 B. By peers, the own piece copied, then one piece packed per round into the
+  // target's room: 128 B.
+  const DeviceMesh mesh({2, 4});
+  const Layout src(mesh, parse_placements("R,S(0)"), {8, 16});
+  const Layout dst(mesh, parse_placements("S(0),S(1)"), {8, 16});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 2);
+  REQUIRE(plan[0].kind == StepKind::all_to_all);
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  constexpr auto strided = detail::abilities_of<detail::Link<SimulatedBackend>>;
+  CHECK(detail::all_to_all_by_peers(plan, plan[0], packs));
+  // A backend that moves strided pieces stages nothing; a batch runs one call per step.
+  CHECK_FALSE(detail::all_to_all_by_peers(plan, plan[0], strided));
+  CHECK_FALSE(detail::all_to_all_by_peers(plan, plan[0], {.one_call_per_step = true}));
+  // Without the bound, one call.
+  const Plan any = plan_redistribute(src, dst, PlanOptions{.memory = Memory::any});
+  REQUIRE(any.steps() == plan.steps());
+  CHECK_FALSE(detail::all_to_all_by_peers(any, any[0], packs));
+  CHECK(workspace_bytes<PackingBackend>(any) == 256);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 128);
+  // execute_async counts each round as an operation (link_operations).
+  CHECK(detail::link_operations(plan, packs) == 3);
+  CHECK(detail::link_operations(plan, strided) == 1);
+  const auto [s, p] = run_strided_and_packed(plan);
+  for (int i = 0; i < mesh.size(); ++i) {
+    const int rank = mesh.rank_at(i);
+    CHECK(p.scratch_peak[static_cast<std::size_t>(i)] <=
+          std::max(src.local_bytes(rank), dst.local_bytes(rank)));
+  }
+  run_async_packed(plan);
+
+  // (S(0), S(1)) -> (R, S(0)) on 2x4 all-gathers rows into an 8x4 block in scratch (128 B, the
+  // larger end), then all-to-alls its row pieces into column pieces of the 2x16 target. One call
+  // stages the 4 received pieces (128 B) beside the block; by peers, each piece is received into
+  // the slab of the block sent the round before (the own piece's first) and unpacked from there:
+  // nothing staged.
+  const Layout gsrc(mesh, parse_placements("S(0),S(1)"), {8, 16});
+  const Layout gdst(mesh, parse_placements("R,S(0)"), {8, 16});
+  const Plan slots = plan_redistribute(gsrc, gdst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(slots));
+  REQUIRE(slots.size() == 2);
+  REQUIRE(slots[1].kind == StepKind::all_to_all);
+  CHECK(detail::all_to_all_by_peers(slots, slots[1], packs));
+  detail::StepContext second = detail::step_context(slots, 1, MeshCoord{0, 0}, false);
+  second.block_writable = true;
+  const detail::AllToAllWay way = detail::all_to_all_way(second, packs);
+  CHECK(way.by_peers);
+  CHECK(way.into_slots);
+  CHECK(way.allocated() == 0);
+  CHECK(workspace_bytes<PackingBackend>(slots) == 128);
+  const Plan slots_any = plan_redistribute(gsrc, gdst, PlanOptions{.memory = Memory::any});
+  REQUIRE(slots_any.steps() == slots.steps());
+  CHECK(workspace_bytes<PackingBackend>(slots_any) == 256);
+  CHECK(detail::link_operations(slots, packs) == 1 + 3);
+  run_strided_and_packed(slots);
+  run_async_packed(slots);
+
+  // An exact all-to-all (uneven pieces, one round) receives a piece into the own piece's slab of
+  // a block it may overwrite. (P, S(1)) -> (R, S(0)) on 2x2, 7x10 f32 all-reduces into a 7x5
+  // block in scratch (140 B), then all-to-alls its row pieces (4 and 3 rows) into column pieces
+  // of the target. Rank 1 (a 3x10 target; its larger end is the 140 B source) staged the 3x5
+  // piece it receives beside the block, 200 B; received into its own piece's slab, 140 B.
+  const DeviceMesh square({2, 2});
+  const Layout psrc(square, parse_placements("P,S(1)"), {7, 10});
+  const Layout pdst(square, parse_placements("R,S(0)"), {7, 10});
+  const Plan exact = plan_redistribute(psrc, pdst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(exact));
+  REQUIRE(exact.size() == 2);
+  REQUIRE(exact[1].kind == StepKind::all_to_all);
+  detail::StepContext rank1 = detail::step_context(exact, 1, MeshCoord{0, 1}, false);
+  REQUIRE_FALSE(rank1.even);
+  CHECK(detail::all_to_all_way(rank1, packs).allocated() == 60);
+  rank1.block_writable = true;
+  const detail::AllToAllWay into_block = detail::all_to_all_way(rank1, packs);
+  CHECK(into_block.into_own_slab == 0);
+  CHECK(into_block.allocated() == 0);
+  CHECK(workspace_bytes<PackingBackend>(exact) == 140);
+  const auto [es, ep] = run_strided_and_packed(exact);
+  for (int i = 0; i < square.size(); ++i) {
+    const int rank = square.rank_at(i);
+    CHECK(ep.scratch_peak[static_cast<std::size_t>(i)] <=
+          std::max(psrc.local_bytes(rank), pdst.local_bytes(rank)));
+  }
+  run_async_packed(exact);
+}
+
 TEST_CASE("by default a large redistribution holds the memory bound where it costs little",
           "[execute][memory]") {
   // (R, S(0)) -> (S(0), S(0)) on 2x2, 1024x512 f32 (1 MiB source blocks): the fastest plan

@@ -529,12 +529,14 @@ inline int reduces_parts_in_rounds(const Plan& plan, const Step& step, LinkAbili
 inline std::vector<int> exchange_shifts(const Plan& plan, const Step& step, LinkAbilities a);
 inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a);
 inline StepContext context_at(const Plan& plan, const Step& step, const MeshCoord& me);
+inline bool all_to_all_by_peers(const Plan& plan, const Step& step, LinkAbilities a);
 
 // The operations a plan starts on a link with abilities `a`: one per communication step, two
 // for an exchange from a Partial (its parts reduced, then delivered; g + 1 where it reduces in
 // rounds, reduces_parts_in_rounds) and for an all-reduce by messages (all_reduces_by_messages:
 // a reduce-scatter then an all-gather), g - 1 for a reduce-scatter in rounds
-// (reduces_in_rounds), one per shift for an exchange in rounds (exchange_shifts).
+// (reduces_in_rounds) and for an all-to-all by peers (all_to_all_by_peers), one per shift for an
+// exchange in rounds (exchange_shifts).
 inline int link_operations(const Plan& plan, LinkAbilities a) {
   int n = 0;
   for (const Step& s : plan) {
@@ -548,7 +550,8 @@ inline int link_operations(const Plan& plan, LinkAbilities a) {
       n += static_cast<int>(shifts);
     else if (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from))
       n += 2;
-    else if (reduces_in_rounds(plan, s, a, [&] { return step_is_even(plan, s); }))
+    else if (reduces_in_rounds(plan, s, a, [&] { return step_is_even(plan, s); }) ||
+             all_to_all_by_peers(plan, s, a))
       n += plan.src().mesh().size(s.mesh_dim) - 1;
     else
       n += 1;
@@ -879,12 +882,20 @@ struct AllToAllWay : Staging {
   // Native, even, packed and staged on both sides: the pieces are packed into the target (of
   // the same size), which nothing else uses until the received pieces are unpacked into it.
   bool pack_in_target = false;
+  // By peers (all_to_all_by_peers): g - 1 point-to-point rounds of one piece each way; with
+  // `into_slots`, each piece received into the own piece's slab of the block (copied out first)
+  // and unpacked from there.
+  bool by_peers = false;
+  bool into_slots = false;
+  // Exact: the member whose piece is received into the own piece's slab of the block (-1: none).
+  int into_own_slab = -1;
   std::vector<std::size_t> send_at, recv_at;  // exact: where the pieces are packed and staged
 };
 
 // With `in_place`, the target is the block itself (an even step): the pieces are packed out of
-// it first, and received into it.
-inline AllToAllWay all_to_all_way(const StepContext& c, LinkAbilities a, bool in_place = false) {
+// it first, and received into it. In one call (one round where exact), never by peers.
+inline AllToAllWay all_to_all_way_in_one_call(const StepContext& c, LinkAbilities a,
+                                              bool in_place = false) {
   const int k = c.step.mesh_dim;
   const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
   const auto g = static_cast<std::size_t>(c.plan.src().mesh().size(k));
@@ -927,10 +938,102 @@ inline AllToAllWay all_to_all_way(const StepContext& c, LinkAbilities a, bool in
   }
   w.send_at = packed_offsets(c, to);
   w.recv_at = packed_offsets(c, from);
+  // Where the block may be overwritten (block_writable) and its pieces are slabs of it, the own
+  // piece's slab, copied out first, receives the largest piece that fits there, not staged.
+  if (c.block_writable && w.direct_send && !w.direct_recv && !w.strided_recv) {
+    const int me = c.me[k];
+    const std::size_t room = bytes_of(to(me), c.elem);
+    std::size_t largest = 0;
+    for (int j = 0; j < static_cast<int>(g); ++j)
+      if (const std::size_t n = bytes_of(from(j), c.elem); j != me && n > largest && n <= room) {
+        largest = n;
+        w.into_own_slab = j;
+      }
+    for (int j = 0; j < static_cast<int>(g) && w.into_own_slab >= 0; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      w.recv_at[u + 1] =
+          w.recv_at[u] + (j == me || j == w.into_own_slab ? 0 : bytes_of(from(j), c.elem));
+    }
+  }
   w.send = w.direct_send || w.strided_send ? 0 : w.send_at.back();
   w.recv = w.direct_recv || w.strided_recv ? 0 : w.recv_at.back();
   w.use_spare(c.spare_bytes);
   return w;
+}
+
+// How an all-to-all moves its pieces on this rank: by peers where all_to_all_by_peers says (an
+// even step, not in bands), one piece each way at a time, sent where it lies (a slab of the
+// block) or packed into one slot, received where it goes (a slab of the target), into the own
+// piece's slab of the block (which may be overwritten, its pieces slabs, the own piece copied
+// out first) or into one slot; in place, every piece packed out of the block first. Otherwise
+// in one call (all_to_all_way_in_one_call).
+inline AllToAllWay all_to_all_way(const StepContext& c, LinkAbilities a, bool in_place = false) {
+  AllToAllWay w = all_to_all_way_in_one_call(c, a, in_place);
+  if (!c.even || c.banded || c.messages || !all_to_all_by_peers(c.plan, c.step, a)) return w;
+  const auto g = static_cast<std::size_t>(c.plan.src().mesh().size(c.step.mesh_dim));
+  w.by_peers = true;
+  w.strided_send = w.strided_recv = w.pack_in_target = false;
+  w.into_slots = !in_place && c.block_writable && w.direct_send && !w.direct_recv;
+  w.send = in_place ? w.piece_bytes * g : w.direct_send ? 0 : w.piece_bytes;
+  w.recv = w.direct_recv || w.into_slots ? 0 : w.piece_bytes;
+  w.use_spare(c.spare_bytes);
+  return w;
+}
+
+// An even all-to-all by peers (AllToAllWay::by_peers): this member's own piece copied from the
+// block to the target, then in round s = 1 .. g-1 member me+s's piece sent and member me-s's
+// received, one message each way, and placed in the target.
+template <class L, class Ops>
+Task<std::size_t> run_all_to_all_by_peers(L link, const Ops& ops, const StepContext& c,
+                                          const AllToAllWay& w, const std::byte* cur,
+                                          std::byte* out) {
+  const int k = c.step.mesh_dim;
+  const int i = c.step.before[k].dim(), j_dim = c.step.after[k].dim();
+  const int g = c.plan.src().mesh().size(k), me = c.me[k];
+  const bool in_place = cur == out;
+  const std::size_t bytes = w.piece_bytes;
+  const StagingBuffers b(ops, w, c.spare);
+  const Shape origin(c.have.shape.size(), 0);
+  // Where member j's piece starts along dim d (of the block: j_dim; of the target: i).
+  auto along = [&](int d, int j) {
+    Shape at = origin;
+    at[static_cast<std::size_t>(d)] = j * w.piece[static_cast<std::size_t>(d)];
+    return at;
+  };
+  auto slab = [&](int j) { return static_cast<std::size_t>(j) * bytes; };
+  if (in_place) {  // every piece packed out of the block, which the pieces received overwrite
+    ops.pack_pieces(cur, c.have.shape, j_dim, g, b.send, c.elem);
+    ops.copy_box(b.send + slab(me), w.piece, origin, out, c.want.shape, along(i, me), w.piece,
+                 c.elem);
+  } else {
+    ops.copy_box(cur, c.have.shape, along(j_dim, me), out, c.want.shape, along(i, me), w.piece,
+                 c.elem);
+  }
+  if (bytes == 0) co_return b.allocated();
+  for (int s = 1; s < g; ++s) {
+    const int to = (me + s) % g, from = (me + g - s) % g;
+    const std::byte* piece = cur + slab(to);
+    if (in_place) {
+      piece = b.send + slab(to);
+    } else if (!w.direct_send) {
+      ops.copy_box(cur, c.have.shape, along(j_dim, to), b.send, w.piece, origin, w.piece, c.elem);
+      piece = b.send;
+    }
+    std::byte* into = b.recv;
+    if (w.direct_recv)
+      into = out + slab(from);
+    else if (w.into_slots)
+      // The block is scratch or the caller's target (block_writable), never the source.
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast)
+      into = const_cast<std::byte*>(cur) + slab(me);
+    Messages m;
+    m.send(global_rank(c, to), piece, bytes);
+    m.recv(global_rank(c, from), into, bytes);
+    co_await send_and_receive(link, m);
+    if (!w.direct_recv)
+      ops.copy_box(into, w.piece, origin, out, c.want.shape, along(i, from), w.piece, c.elem);
+  }
+  co_return b.allocated();
 }
 
 template <class L, class Ops>
@@ -941,6 +1044,7 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
   const int g = c.plan.src().mesh().size(k), me = c.me[k];
   const AllToAllWay w = all_to_all_way(c, link_abilities(link), cur == out);
   const Shape origin(c.have.shape.size(), 0);
+  if (w.by_peers) co_return co_await run_all_to_all_by_peers(link, ops, c, w, cur, out);
   if (c.even || c.step.padded) {
     const StagingBuffers b(ops, w, c.spare);
     std::byte* const packed = w.pack_in_target ? out : b.send;
@@ -973,6 +1077,13 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
     co_return b.allocated();
   }
   const StagingBuffers b(ops, w, c.spare);
+  // into_own_slab: the block is scratch or the caller's target (block_writable), not the source.
+  std::byte* const own_slab =
+      w.into_own_slab < 0
+          ? nullptr
+          // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast)
+          : const_cast<std::byte*>(cur) +
+                slab_offset(intersect(c.have, member_box(c, c.after, me)), c.have, c.elem);
   Messages m;
   for (int j = 0; j < g; ++j) {
     const auto u = static_cast<std::size_t>(j);
@@ -992,9 +1103,13 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
       copy_piece(ops, cur, c.have, b.send + w.send_at[u], to_j, to_j, c.elem);
       m.send(global_rank(c, j), b.send + w.send_at[u], send_bytes);
     }
+    const Box from_j = intersect(member_box(c, c.before, j), c.want);
+    if (j == w.into_own_slab) {
+      m.recv(global_rank(c, j), own_slab, bytes_of(from_j, c.elem));
+      continue;
+    }
     const std::size_t recv_bytes = w.recv_at[u + 1] - w.recv_at[u];
     if (recv_bytes == 0) continue;
-    const Box from_j = intersect(member_box(c, c.before, j), c.want);
     if (w.strided_recv) {
       const PieceRuns r = *runs_of(from_j, c.want, c.elem);
       m.recv(global_rank(c, j), out + r.offset, r.runs);
@@ -1008,8 +1123,9 @@ Task<std::size_t> run_all_to_all(L link, const Ops& ops, const StepContext& c, c
   for (int j = 0; j < g && !w.direct_recv && !w.strided_recv; ++j) {
     if (j == me) continue;
     const Box from_j = intersect(member_box(c, c.before, j), c.want);
-    copy_piece(ops, b.recv + w.recv_at[static_cast<std::size_t>(j)], from_j, out, c.want, from_j,
-               c.elem);
+    copy_piece(ops,
+               j == w.into_own_slab ? own_slab : b.recv + w.recv_at[static_cast<std::size_t>(j)],
+               from_j, out, c.want, from_j, c.elem);
   }
   co_return b.allocated();
 }
@@ -1723,7 +1839,10 @@ inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first,
   bool over = false;
   for (int j = 0; j < plan.src().mesh().size(k); ++j) {
     const StepContext m = as_member(c, j);
-    const auto staging = static_cast<std::int64_t>(step_staging(m, a));
+    // An all-to-all's bands are each one call (never by peers).
+    const auto staging = static_cast<std::int64_t>(
+        c.step.kind == StepKind::all_to_all ? all_to_all_way_in_one_call(m, a).allocated()
+                                            : step_staging(m, a));
     if (staging == 0) continue;
     const auto ends =
         static_cast<std::int64_t>(std::max(bytes_of(plan.src().local_box(m.me), c.elem),
@@ -1744,6 +1863,42 @@ inline std::size_t banded_staging(const StepContext& c, std::int64_t rows, LinkA
   const std::int64_t all = c.have.shape[0], rest = all % rows;
   const std::size_t first = step_staging(banded(c, 0, rows), a);
   return rest == 0 ? first : std::max(first, step_staging(banded(c, all - rest, rest), a));
+}
+
+// Whether an even all-to-all of a bounded plan (Plan::memory_bounded) runs by peers on a link
+// that packs (no StridedAllToAll): this member's own piece copied, then g - 1 point-to-point
+// rounds, in round s one piece sent to member me+s and one received from member me-s
+// (run_all_to_all_by_peers), so that it stages at most one piece each way where one call packs
+// and stages all g. Only where it spares something: bands cannot run (band_rows) and one call
+// would take a rank past the larger of its source and target blocks, its staging beyond the
+// caller's target's room beside the block it reads and the one it writes (counted in scratch
+// unless the caller's source or target). Between even layouts, where every rank decides alike
+// (the rounds meet the mesh); not on a link that runs a step as one operation.
+inline bool all_to_all_by_peers(const Plan& plan, const Step& step, LinkAbilities a) {
+  if (!plan.memory_bounded() || a.one_call_per_step || a.strided_all_to_all ||
+      step.kind != StepKind::all_to_all || step.padded)
+    return false;
+  const Layout& base = plan.src();
+  if (base.mesh().size(step.mesh_dim) < 2 || !is_even(base, base.placements()) ||
+      !is_even(base, plan.dst().placements()) || !step_is_even(plan, step))
+    return false;
+  const MeshCoord origin(static_cast<std::size_t>(base.mesh().ndim()), 0);
+  StepContext c = context_at(plan, step, origin);
+  c.even = true;
+  const bool first = step.before == base.placements();
+  const bool last = step.after == plan.dst().placements();
+  const auto staging = static_cast<std::int64_t>(all_to_all_way_in_one_call(c, a).allocated());
+  const std::int64_t target = plan.dst().local_bytes(base.mesh().rank(origin));
+  const std::int64_t ends = std::max(base.local_bytes(base.mesh().rank(origin)), target);
+  const auto held = static_cast<std::int64_t>((first ? 0 : bytes_of(c.have, c.elem)) +
+                                              (last ? 0 : bytes_of(c.want, c.elem)));
+  // Bands run (band_rows, where every member is alike between even layouts) where one call is
+  // over and a row's staging fits.
+  const int k = step.mesh_dim;
+  const std::int64_t rows = c.have.shape.empty() ? 0 : c.have.shape[0];
+  const bool bands = rows >= 2 && !step.before[k].is_shard(0) && !step.after[k].is_shard(0) &&
+                     staging > ends - held && ends - held >= (staging + rows - 1) / rows;
+  return !bands && staging - (last ? 0 : target) + held > ends;
 }
 
 // R -> P(op) on mesh dim k, in place on `out` (a copy of the replicated block).
@@ -1886,9 +2041,10 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     auto staging_of = [&](const StepContext& x) {
       return fused ? 0 : rows > 0 ? banded_staging(x, rows, a) : step_staging(x, a);
     };
-    // A reduce-scatter in rounds stages less where it may write its block (block_writable:
-    // after the first stage, not a view, which may be of the source).
-    const bool rounds = !fused && reduces_in_rounds(c, a);
+    // A reduce-scatter in rounds, or an all-to-all (by peers, or exact: into the own piece's
+    // slab), stages less where it may write its block (block_writable: after the first stage,
+    // not a view, which may be of the source).
+    const bool rounds = !fused && (c.step.kind == StepKind::all_to_all || reduces_in_rounds(c, a));
     auto staging_writable_of = [&](const StepContext& x) {
       StepContext w = x;
       w.block_writable = true;
