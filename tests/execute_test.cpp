@@ -1471,6 +1471,41 @@ TEST_CASE("an all-to-all that packs past the larger end runs by peers or receive
           std::max(psrc.local_bytes(rank), pdst.local_bytes(rank)));
   }
   run_async_packed(exact);
+
+  // By peers in place: (S(0), S(0), R) -> (S(1), P, P) on 2x2x2 runs its all-to-all on the
+  // scratch of the block before, every piece packed out of it first.
+  const DeviceMesh cube({2, 2, 2});
+  const Plan in_place = plan_redistribute(Layout(cube, parse_placements("S(0),S(0),R"), {8, 16}),
+                                          Layout(cube, parse_placements("S(1),P,P"), {8, 16}),
+                                          PlanOptions{.memory = Memory::bounded});
+  INFO(explain(in_place));
+  std::uint32_t a2a = 0;
+  for (std::size_t i = 0; i < in_place.size(); ++i)
+    a2a |= detail::all_to_all_by_peers(in_place, in_place[i], packs) ? 1u << i : 0u;
+  REQUIRE(a2a != 0);
+  CHECK((detail::place_blocks(in_place, MeshCoord{0, 0, 0}, 0, packs).reuses & a2a) != 0);
+  run_strided_and_packed(in_place);
+  run_async_packed(in_place);
+
+  // Every bounded plan on 2x2x2 with an all-to-all by peers: the same bits packed as strided,
+  // bytes and scratch as planned, and through execute_async.
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int by_peers = 0;
+  testing::for_each_pair(cube, letters, [&](int, int, const Placements& a, const Placements& b) {
+    for (const Objective objective : {Objective::time, Objective::bytes}) {
+      const Plan q = plan_redistribute(Layout(cube, a, {8, 16}), Layout(cube, b, {8, 16}),
+                                       {.objective = objective, .memory = Memory::bounded});
+      if (std::none_of(q.begin(), q.end(), [&](const Step& step) {
+            return detail::all_to_all_by_peers(q, step, packs);
+          }))
+        continue;
+      ++by_peers;
+      INFO(explain(q));
+      run_strided_and_packed(q);
+      run_async_packed(q);
+    }
+  });
+  CHECK(by_peers * testing::exhaustive_stride() > 1000);
 }
 
 TEST_CASE("by default a large redistribution holds the memory bound where it costs little",
