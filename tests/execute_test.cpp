@@ -533,6 +533,17 @@ std::pair<SimulatedRun, SimulatedRun> run_strided_and_packed(const Plan& plan) {
   return runs;
 }
 
+// Every rank of `run` (a run of a plan from `src` to `dst`) held no more scratch than the larger
+// of its source and target blocks.
+void check_within_ends(const SimulatedRun& run, const Layout& src, const Layout& dst) {
+  const DeviceMesh& mesh = src.mesh();
+  for (int i = 0; i < mesh.size(); ++i) {
+    const int rank = mesh.rank_at(i);
+    CHECK(run.scratch_peak[static_cast<std::size_t>(i)] <=
+          std::max(src.local_bytes(rank), dst.local_bytes(rank)));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("pieces sent and received strided, without packing", "[execute][strided]") {
@@ -1252,12 +1263,7 @@ TEST_CASE("under Memory::bounded, an exchange that stages past the larger end ru
   CHECK(detail::delivery_shifts(detail::step_context(reducing, 0, origin, false), packs).size() ==
         7);
   CHECK(detail::link_operations(reducing, packs) == 1 + 7);
-  const auto [rs, rp] = run_strided_and_packed(reducing);
-  for (int i = 0; i < mesh.size(); ++i) {
-    const int rank = mesh.rank_at(i);
-    CHECK(rp.scratch_peak[static_cast<std::size_t>(i)] <=
-          std::max(psrc.local_bytes(rank), pdst.local_bytes(rank)));
-  }
+  check_within_ends(run_strided_and_packed(reducing).second, psrc, pdst);
   run_async_packed(reducing);
 
   // Every bounded plan whose exchanges run in rounds runs through execute_async in the next
@@ -1341,9 +1347,7 @@ TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs o
   const auto [s, p] = run_strided_and_packed(plan);
   CHECK(s.collectives == 1);
   CHECK(p.collectives == 3);
-  for (int i = 0; i < mesh.size(); ++i)
-    CHECK(p.scratch_peak[static_cast<std::size_t>(i)] <=
-          std::max(src.local_bytes(mesh.rank_at(i)), dst.local_bytes(mesh.rank_at(i))));
+  check_within_ends(p, src, dst);
   run_async_packed(plan);
   // bf16 sums accumulate in float: folded one at a time they would round at every part, so they
   // keep one round; max folds in any type.
@@ -1410,19 +1414,13 @@ TEST_CASE("an all-to-all that packs past the larger end runs by peers or receive
   // execute_async counts each round as an operation (link_operations).
   CHECK(detail::link_operations(plan, packs) == 3);
   CHECK(detail::link_operations(plan, strided) == 1);
-  const auto [s, p] = run_strided_and_packed(plan);
-  for (int i = 0; i < mesh.size(); ++i) {
-    const int rank = mesh.rank_at(i);
-    CHECK(p.scratch_peak[static_cast<std::size_t>(i)] <=
-          std::max(src.local_bytes(rank), dst.local_bytes(rank)));
-  }
+  check_within_ends(run_strided_and_packed(plan).second, src, dst);
   run_async_packed(plan);
 
   // (S(0), S(1)) -> (R, S(0)) on 2x4 all-gathers rows into an 8x4 block in scratch (128 B, the
   // larger end), then all-to-alls its row pieces into column pieces of the 2x16 target. One call
   // stages the 4 received pieces (128 B) beside the block; by peers, each piece is received into
-  // the slab of the block sent the round before (the own piece's first) and unpacked from there:
-  // nothing staged.
+  // the own piece's slab of the block (copied out first) and unpacked from there: nothing staged.
   const Layout gsrc(mesh, parse_placements("S(0),S(1)"), {8, 16});
   const Layout gdst(mesh, parse_placements("R,S(0)"), {8, 16});
   const Plan slots = plan_redistribute(gsrc, gdst, PlanOptions{.memory = Memory::bounded});
@@ -1464,12 +1462,7 @@ TEST_CASE("an all-to-all that packs past the larger end runs by peers or receive
   CHECK(into_block.into_own_slab == 0);
   CHECK(into_block.allocated() == 0);
   CHECK(workspace_bytes<PackingBackend>(exact) == 140);
-  const auto [es, ep] = run_strided_and_packed(exact);
-  for (int i = 0; i < square.size(); ++i) {
-    const int rank = square.rank_at(i);
-    CHECK(ep.scratch_peak[static_cast<std::size_t>(i)] <=
-          std::max(psrc.local_bytes(rank), pdst.local_bytes(rank)));
-  }
+  check_within_ends(run_strided_and_packed(exact).second, psrc, pdst);
   run_async_packed(exact);
 
   // By peers in place: (S(0), S(0), R) -> (S(1), P, P) on 2x2x2 runs its all-to-all on the

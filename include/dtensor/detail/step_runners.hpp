@@ -936,8 +936,6 @@ inline AllToAllWay all_to_all_way_in_one_call(const StepContext& c, LinkAbilitie
     w.strided_send = w.strided_send && runs_of(to(j), c.have, c.elem).has_value();
     w.strided_recv = w.strided_recv && runs_of(from(j), c.want, c.elem).has_value();
   }
-  w.send_at = packed_offsets(c, to);
-  w.recv_at = packed_offsets(c, from);
   // Where the block may be overwritten (block_writable) and its pieces are slabs of it, the own
   // piece's slab, copied out first, receives the largest piece that fits there, not staged.
   if (c.block_writable && w.direct_send && !w.direct_recv && !w.strided_recv) {
@@ -949,12 +947,13 @@ inline AllToAllWay all_to_all_way_in_one_call(const StepContext& c, LinkAbilitie
         largest = n;
         w.into_own_slab = j;
       }
-    for (int j = 0; j < static_cast<int>(g) && w.into_own_slab >= 0; ++j) {
-      const auto u = static_cast<std::size_t>(j);
-      w.recv_at[u + 1] =
-          w.recv_at[u] + (j == me || j == w.into_own_slab ? 0 : bytes_of(from(j), c.elem));
-    }
   }
+  w.send_at = packed_offsets(c, to);
+  w.recv_at = packed_offsets(c, [&](int j) {
+    Box staged = from(j);
+    if (j == w.into_own_slab) std::fill(staged.shape.begin(), staged.shape.end(), 0);
+    return staged;
+  });
   w.send = w.direct_send || w.strided_send ? 0 : w.send_at.back();
   w.recv = w.direct_recv || w.strided_recv ? 0 : w.recv_at.back();
   w.use_spare(c.spare_bytes);
