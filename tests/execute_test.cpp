@@ -639,8 +639,11 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
           *std::max_element(packed.scratch_peak.begin(), packed.scratch_peak.end());
       // Except where a backend that packs packs one piece per round (packs_in_rounds) while
       // one that sends strided pieces keeps one round from the caller's source: as much there.
-      if (c.mesh == "4" && c.from == "P" && c.shape == Shape{7, 10} &&
-          c.memory == Memory::bounded && dtype != DType::bf16)
+      // And where a pair's reduce-scatter packs its column pieces in its block
+      // (ScatterWay::pack_in_block) after an all-to-all into scratch: as much there too.
+      if ((c.mesh == "4" && c.from == "P" && c.shape == Shape{7, 10} &&
+           c.memory == Memory::bounded && dtype != DType::bf16) ||
+          (c.mesh == "2x2" && c.from == "S(0),P" && c.memory == Memory::bounded))
         CHECK(strided_most == packed_most);
       else
         CHECK(strided_most < packed_most);
@@ -1499,6 +1502,79 @@ TEST_CASE("an all-to-all that packs past the larger end runs by peers or receive
     }
   });
   CHECK(by_peers * testing::exhaustive_stride() > 1000);
+}
+
+TEST_CASE("a reduce-scatter over a pair packs its pieces in its block", "[execute][memory]") {
+  // (S(1), P) -> (S(0), S(1)) on 2x2, 8x16 f32: an all-to-all into a 4x16 block of Partials in
+  // scratch (256 B, the larger end), then a reduce-scatter of its column halves over a pair. A
+  // backend that packs put the halves one after the other in staging beside the block: 512 B.
+  // Packed in the block itself (the target holding one half meanwhile): 256 B.
+  const DeviceMesh square({2, 2});
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  const Layout src(square, parse_placements("S(1),P"), {8, 16});
+  const Layout dst(square, parse_placements("S(0),S(1)"), {8, 16});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 2);
+  REQUIRE(plan[1].kind == StepKind::reduce_scatter);
+  detail::StepContext second = detail::step_context(plan, 1, MeshCoord{0, 0}, false);
+  CHECK_FALSE(detail::scatter_way(second).pack_in_block);  // the block may be the source's
+  CHECK(detail::scatter_way(second).allocated() == 256);
+  second.block_writable = true;
+  CHECK(detail::scatter_way(second).pack_in_block);
+  CHECK(detail::scatter_way(second).allocated() == 0);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 256);
+  // Without the bound, packed in staging; a strided backend packs too (a native collective).
+  const Plan any = plan_redistribute(src, dst, PlanOptions{.memory = Memory::any});
+  REQUIRE(any.steps() == plan.steps());
+  CHECK(workspace_bytes<PackingBackend>(any) == 512);
+  CHECK(detail::link_operations(plan, packs) == 2);
+  CHECK(verify_on_simulator(plan).verified);
+  check_within_ends(run_strided_and_packed(plan).second, src, dst);
+  run_async_packed(plan);
+
+  // Rows that are no power of two (a last batch shorter than the others), a 3-D tensor (runs of
+  // several elements along the inner dim), every dtype, and the Partial's ops.
+  for (const Shape& shape : {Shape{12, 8}, Shape{10, 6}, Shape{6, 8, 3}, Shape{2, 4}})
+    for (const DType dtype : {DType::f32, DType::bf16, DType::i64, DType::f64})
+      for (const ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+        const Layout s(square, {Shard(1), Partial(op)}, shape, dtype);
+        const Layout d(square, {Shard(0), Shard(1)}, shape, dtype);
+        const Plan q = plan_redistribute(s, d, PlanOptions{.memory = Memory::bounded});
+        INFO(explain(q));
+        CHECK(verify_on_simulator(q).verified);
+        const auto runs = run_strided_and_packed(q);
+        check_within_ends(runs.second, s, d);
+        if (dtype == DType::f32) run_async_packed(q);
+      }
+
+  // Every bounded plan on 2x2 and 2x4 with a reduce-scatter over a pair that would pack its
+  // pieces in a block it may overwrite: the same bits packed as strided, bytes and scratch as
+  // planned, and through execute_async.
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int in_block = 0;
+  for (const DeviceMesh& m : {square, DeviceMesh({2, 4})})
+    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Objective objective : {Objective::time, Objective::bytes}) {
+        const Plan q = plan_redistribute(Layout(m, a, {8, 16}), Layout(m, b, {8, 16}),
+                                         {.objective = objective, .memory = Memory::bounded});
+        bool packs_in_block = false;
+        for (std::size_t i = 1; i < q.size(); ++i) {
+          if (q[i].kind != StepKind::reduce_scatter) continue;
+          detail::StepContext c =
+              detail::step_context(q, i, MeshCoord(static_cast<std::size_t>(m.ndim()), 0), false);
+          c.block_writable = true;
+          packs_in_block = packs_in_block || detail::scatter_way(c).pack_in_block;
+        }
+        if (!packs_in_block) continue;
+        ++in_block;
+        INFO(explain(q));
+        run_strided_and_packed(q);
+        run_async_packed(q);
+      }
+    });
+  fmt::print("packed in the block: {} bounded plans on 2x2 and 2x4\n", in_block);
+  CHECK(in_block * testing::exhaustive_stride() > 20);
 }
 
 TEST_CASE("by default a large redistribution holds the memory bound where it costs little",

@@ -48,7 +48,8 @@ struct StepContext {
   bool banded = false;
   Range band{};
   // The block the step reads may be overwritten once read (it lies in scratch or in the
-  // caller's target, not in the caller's source): reduces_in_rounds receives into it.
+  // caller's target, not in the caller's source): reduces_in_rounds receives into it, a
+  // reduce-scatter over a pair packs its pieces in it (ScatterWay::pack_in_block).
   bool block_writable = false;
 };
 
@@ -824,6 +825,11 @@ struct ScatterWay : Staging {
   std::size_t piece_bytes = 0;
   bool whole = false;        // this member's piece needs no padding: received in the target
   bool direct_send = false;  // the block's pieces are slabs of it: sent as it lies
+  // Even over a pair, on a bounded plan, where the block may be overwritten (block_writable),
+  // is not cut in bands and its pieces are not slabs of it, and packing them would stage
+  // something: the two pieces are put one after the other in the block itself
+  // (pack_pair_in_block, with the target as room for one of them) and sent from there.
+  bool pack_in_block = false;
 };
 
 inline ScatterWay scatter_way(const StepContext& c) {
@@ -838,7 +844,35 @@ inline ScatterWay scatter_way(const StepContext& c) {
   w.send_zeroed = !w.whole;
   w.recv = w.whole ? 0 : w.piece_bytes;
   w.use_spare(c.spare_bytes);
+  if (c.even && !w.direct_send && g == 2 && c.block_writable && !c.banded &&
+      c.plan.memory_bounded() && w.allocated() > 0) {
+    w.pack_in_block = true;
+    w.send = 0;
+    w.send_spare = false;
+  }
   return w;
+}
+
+// Puts the two equal pieces of a row-major block of `shape` along dim d, which are not slabs of
+// it, one after the other in the block itself, as pack_pieces would elsewhere, with `room` (a
+// piece's bytes, not overlapping the block) to hold piece 1 meanwhile: piece 1 copied to room,
+// piece 0 moved to the front in batches of rows, each batch after the one before and to a place
+// its rows do not read (rows [a, 2a) go where rows [a/2, a) of the block were, already moved),
+// then piece 1 copied back behind it. One copy per doubling of the rows, each within itself
+// disjoint, in order.
+template <class Ops>
+void pack_pair_in_block(const Ops& ops, std::byte* block, const Shape& shape, int d,
+                        std::byte* room, std::size_t elem) {
+  const StridedPieces p = pieces_along(shape, d, 2, elem);
+  const auto rows = static_cast<std::int64_t>(p.rows);
+  const auto run = static_cast<std::int64_t>(p.run_bytes / elem);  // elements of a run
+  const Shape pairs{rows, 2 * run}, singles{rows, run};
+  ops.copy_box(block, pairs, Shape{0, run}, room, singles, Shape{0, 0}, singles, elem);
+  for (std::int64_t a = 1; a < rows; a *= 2) {
+    const std::int64_t n = std::min(a, rows - a);
+    ops.copy_box(block, pairs, Shape{a, 0}, block, singles, Shape{a, 0}, Shape{n, run}, elem);
+  }
+  ops.copy(block + p.rows * p.run_bytes, room, p.rows * p.run_bytes);
 }
 
 template <class L, class Ops>
@@ -852,14 +886,21 @@ Task<std::size_t> run_reduce_scatter(L link, const Ops& ops, const StepContext& 
   if (!scatters_by_messages(c, link_abilities(link))) {
     const ScatterWay w = scatter_way(c);
     const StagingBuffers b(ops, w, c.spare);
-    if (c.even && !w.direct_send) ops.pack_pieces(cur, c.have.shape, j_dim, g, b.send, c.elem);
+    if (w.pack_in_block)
+      // The block is scratch or the caller's target (block_writable), never the source; the
+      // target holds piece 1 until the block is packed.
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast)
+      pack_pair_in_block(ops, const_cast<std::byte*>(cur), c.have.shape, j_dim, out, c.elem);
+    else if (c.even && !w.direct_send)
+      ops.pack_pieces(cur, c.have.shape, j_dim, g, b.send, c.elem);
     for (int j = 0; j < g && !c.even; ++j) {
       const Box aj = member_box(c, c.after, j);
       ops.copy_box(cur, c.have.shape, relative(aj, c.have),
                    b.send + static_cast<std::size_t>(j) * w.piece_bytes, w.piece, origin, aj.shape,
                    c.elem);
     }
-    co_await link.reduce_scatter(k, w.direct_send ? cur : b.send, w.whole ? out : b.recv,
+    co_await link.reduce_scatter(k, w.direct_send || w.pack_in_block ? cur : b.send,
+                                 w.whole ? out : b.recv,
                                  static_cast<std::size_t>(Box{origin, w.piece}.numel()), dtype, op);
     if (!w.whole)
       ops.copy_box(b.recv, w.piece, origin, out, c.want.shape, origin, c.want.shape, c.elem);
@@ -1837,7 +1878,9 @@ inline std::int64_t band_rows(const StepContext& c, LinkAbilities a, bool first,
   std::int64_t per_band = INT64_MAX;
   bool over = false;
   for (int j = 0; j < plan.src().mesh().size(k); ++j) {
-    const StepContext m = as_member(c, j);
+    // Every member finds the same bands, whether or not its block may be overwritten.
+    StepContext m = as_member(c, j);
+    m.block_writable = false;
     // An all-to-all's bands are each one call (never by peers).
     const auto staging = static_cast<std::int64_t>(
         c.step.kind == StepKind::all_to_all ? all_to_all_way_in_one_call(m, a).allocated()
@@ -2040,10 +2083,11 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     auto staging_of = [&](const StepContext& x) {
       return fused ? 0 : rows > 0 ? banded_staging(x, rows, a) : step_staging(x, a);
     };
-    // A reduce-scatter in rounds, or an all-to-all (by peers, or exact: into the own piece's
-    // slab), stages less where it may write its block (block_writable: after the first stage,
-    // not a view, which may be of the source).
-    const bool rounds = !fused && (c.step.kind == StepKind::all_to_all || reduces_in_rounds(c, a));
+    // A reduce-scatter (in rounds, or packed in its block) or an all-to-all (by peers, or
+    // exact: into the own piece's slab) stages less where it may write its block
+    // (block_writable: after the first stage, not a view, which may be of the source).
+    const bool rounds =
+        !fused && (c.step.kind == StepKind::all_to_all || c.step.kind == StepKind::reduce_scatter);
     auto staging_writable_of = [&](const StepContext& x) {
       StepContext w = x;
       w.block_writable = true;
