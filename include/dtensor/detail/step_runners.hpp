@@ -1275,6 +1275,10 @@ struct ExchangeWay : Staging {
   std::vector<Piece> outgoing, incoming;
   std::vector<Box> own;
   std::vector<Round> rounds;  // empty: one round
+  // The staging that spare room does not take lies in this rank's largest own piece that is a
+  // slab of its target, `own_room_at` bytes into it (own pieces copied after the rounds).
+  bool own_room = false;
+  std::size_t own_room_at = 0;
 };
 
 // The piece as it moves: in place in `block` where it lies as one run or (`strided`) as runs of
@@ -1417,6 +1421,28 @@ inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
     if (const std::vector<int> shifts = exchange_shifts(c.plan, c.step, a); !shifts.empty())
       stage_in_rounds(w, shifts, c.plan.src().mesh(), c.me, c.elem);
   w.use_spare(c.spare_bytes);
+  // On a bounded plan, the region of the target that this rank's own piece fills is free until
+  // that piece is copied: copied after the rounds, its largest slab of the target holds what
+  // staging it can (the pieces received go elsewhere in the target).
+  if (!c.plan.memory_bounded() || w.allocated() == 0) return w;
+  std::size_t room = 0, at = 0;
+  for (const Box& piece : w.own)
+    if (const std::size_t bytes = bytes_of(piece, c.elem);
+        bytes > room && contiguous_in(piece, c.want)) {
+      room = bytes;
+      at = slab_offset(piece, c.want, c.elem);
+    }
+  Staging in_own;
+  in_own.send = w.send;
+  in_own.recv = w.recv;
+  in_own.send_zeroed = w.send_zeroed;
+  in_own.use_spare(room);
+  if (in_own.allocated() < w.allocated()) {
+    w.send_spare = in_own.send_spare;
+    w.recv_spare = in_own.recv_spare;
+    w.own_room = true;
+    w.own_room_at = at;
+  }
   return w;
 }
 
@@ -1441,17 +1467,21 @@ Task<void> move_round(L link, const Ops& ops, const ExchangeWay& w, const std::b
 }
 
 // Runs an exchange's pieces `w` from the block `from` (box `from_box`) into the block `out`
-// (box `want`): copies this rank's own pieces, sends and receives the others where they lie or
-// packed at `send` and staged at `recv`, and unpacks those; in one round, or in w.rounds.
+// (box `want`): copies this rank's own pieces (after the rounds where their room stages,
+// ExchangeWay::own_room), sends and receives the others where they lie or packed at `send` and
+// staged at `recv`, and unpacks those; in one round, or in w.rounds.
 template <class L, class Ops>
 Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::byte* from,
                        const Box& from_box, std::byte* out, const Box& want, std::byte* send,
                        std::byte* recv, std::size_t elem) {
-  for (const Box& piece : w.own) copy_piece(ops, from, from_box, out, want, piece, elem);
+  if (!w.own_room)
+    for (const Box& piece : w.own) copy_piece(ops, from, from_box, out, want, piece, elem);
   if (w.rounds.empty())
     co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, -1, -1);
   for (const ExchangeWay::Round& r : w.rounds)
     co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, r.to, r.from);
+  if (w.own_room)
+    for (const Box& piece : w.own) copy_piece(ops, from, from_box, out, want, piece, elem);
 }
 
 // How an exchange from a Partial (reduce_exchange.hpp) moves its pieces on this rank. First
@@ -1784,7 +1814,7 @@ Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, con
   if (makes_partial(c.step.before, c.step.after))
     ops.fill_identity(c.plan.src().dtype(), out, static_cast<std::size_t>(c.want.numel()),
                       made_partial_op(c.step.before, c.step.after));
-  const StagingBuffers b(ops, w, c.spare);
+  const StagingBuffers b(ops, w, w.own_room ? out + w.own_room_at : c.spare);
   co_await move_pieces(link, ops, w, cur, c.have, out, c.want, b.send, b.recv, c.elem);
   co_return b.allocated();
 }
