@@ -1631,6 +1631,80 @@ TEST_CASE("an exchange stages in the room of the own piece it copies last", "[ex
   CHECK(own_room * testing::exhaustive_stride() > 10);
 }
 
+TEST_CASE("an exchange from a Partial stages its first round in its target", "[execute][memory]") {
+  // (P, S(1)) -> (R, S(0)) on 2x2, 8x16 f32, fewest bytes: one exchange from the Partial. Rank
+  // 0 reduces the 8x4 columns 0-3 of its 8x8 block from its partial and rank 2's, then sends the
+  // reduced rows on. On a packing backend its first round packs its partial of rank 2's columns
+  // (128 B) and stages rank 2's partial of its own (128 B) beside the reduced part and the
+  // second round's pieces: 448 B, past the larger end (256 B). Both are dead before the second
+  // round writes the 4x16 target, so they lie there: 192 B.
+  const DeviceMesh square({2, 2});
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  const Layout src(square, parse_placements("P,S(1)"), {8, 16});
+  const Layout dst(square, parse_placements("R,S(0)"), {8, 16});
+  const Plan plan = plan_redistribute(
+      src, dst, PlanOptions{.objective = Objective::bytes, .memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 1);
+  REQUIRE(plan[0].kind == StepKind::exchange);
+  const detail::ReducingExchangeWay way =
+      detail::reducing_exchange_way(detail::step_context(plan, 0, MeshCoord{0, 0}, false), packs);
+  CHECK(way.packed == 128);
+  CHECK(way.first_round_in_target == 256);
+  CHECK(way.allocated() == 192);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 192);
+  CHECK(verify_on_simulator(plan).verified);
+  check_within_ends(run_strided_and_packed(plan).second, src, dst);
+  run_async_packed(plan);
+
+  // (S(0), P) -> (R, S(1)) on 2x4, 7x10: the first round in rounds over 4 members; on rank 0
+  // only the first of the 3 packed partials fits in its 7x3 target, the others are staged.
+  const DeviceMesh wide({2, 4});
+  const Plan rounds =
+      plan_redistribute(Layout(wide, parse_placements("S(0),P"), {7, 10}),
+                        Layout(wide, parse_placements("R,S(1)"), {7, 10}),
+                        PlanOptions{.objective = Objective::bytes, .memory = Memory::bounded});
+  INFO(explain(rounds));
+  REQUIRE(rounds.size() == 1);
+  const detail::ReducingExchangeWay partly =
+      detail::reducing_exchange_way(detail::step_context(rounds, 0, MeshCoord{0, 0}, false), packs);
+  CHECK(partly.rounds);
+  CHECK(partly.first_round_in_target > 0);
+  CHECK(partly.first_round_in_target < partly.packed);
+  run_strided_and_packed(rounds);
+  run_async_packed(rounds);
+
+  // Every plan on 2x2 and 2x4 whose exchange from a Partial stages some of its first round in
+  // the target on some rank, bounded or not: the same bits packed as strided, bytes and
+  // scratch as planned, and through execute_async.
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int in_target = 0;
+  for (const DeviceMesh& m : {square, wide})
+    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+        for (const Objective objective : {Objective::time, Objective::bytes})
+          for (const Memory memory : {Memory::any, Memory::bounded}) {
+            const Plan q = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape),
+                                             {.objective = objective, .memory = memory});
+            bool staged_in_target = false;
+            for (std::size_t i = 0; i < q.size(); ++i)
+              for (int r = 0; r < m.size() && !staged_in_target; ++r)
+                staged_in_target = q[i].kind == StepKind::exchange &&
+                                   detail::exchange_reduces(q[i].before, q[i].after) &&
+                                   detail::reducing_exchange_way(
+                                       detail::step_context(q, i, m.coordinate_at(r), false), packs)
+                                           .first_round_in_target > 0;
+            if (!staged_in_target) continue;
+            ++in_target;
+            INFO(explain(q));
+            run_strided_and_packed(q);
+            run_async_packed(q);
+          }
+    });
+  fmt::print("first round in the target: {} plans on 2x2 and 2x4\n", in_target);
+  CHECK(in_target * testing::exhaustive_stride() > 10);
+}
+
 TEST_CASE("by default a large redistribution holds the memory bound where it costs little",
           "[execute][memory]") {
   // (R, S(0)) -> (S(0), S(0)) on 2x2, 1024x512 f32 (1 MiB source blocks): the fastest plan

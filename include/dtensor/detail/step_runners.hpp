@@ -1499,6 +1499,10 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // (`boxes`) one after another, every member alike; the reduced part, packed so in the first slot,
 // is then laid out in `reduced_box` (the whole columns around it) after the slots. In rounds
 // (reduces_parts_in_rounds) two slots: the reduced part and the one each partial comes into.
+// The first round's packed partials and its slots but the first (in this order, the first
+// round's bytes) are dead once the part is reduced, before the second round writes the target:
+// as many of them as fit lie in the step's target block (`first_round_in_target` bytes), the
+// others at the front of the send staging.
 struct ReducingExchangeWay : Staging {
   int me = 0;
   ReduceOp op = ReduceOp::sum;
@@ -1515,8 +1519,15 @@ struct ReducingExchangeWay : Staging {
   Box reduced_box;               // how the reduced part lies in the receive staging
   std::size_t box_at = 0;        // where that box starts there (packed runs: after the slots)
   std::size_t lead = 0;          // where the part starts in the first slot
+  std::size_t packed = 0;        // the first round's packed partials (its slots after them)
+  std::size_t first_round_in_target = 0;
   ExchangeWay deliver;
   std::size_t deliver_send_at = 0, deliver_recv_at = 0;
+
+  // Where byte `x` of the first round lies: in the target block `out` or the send staging.
+  [[nodiscard]] std::byte* first_round_at(std::size_t x, std::byte* out, std::byte* send) const {
+    return x < first_round_in_target ? out + x : send + (x - first_round_in_target);
+  }
 };
 
 // The smallest box that is one run of `block` in the order of its elements with tensor dim
@@ -1628,15 +1639,29 @@ inline ReducingExchangeWay reducing_exchange_pieces(const StepContext& c, LinkAb
         w.deliver.incoming.push_back(exchange_piece(mesh.rank(owner), piece, c.want, c.elem,
                                                     a.strided_exchange, w.deliver.recv));
       });
-  w.deliver_send_at = packed;
+  // The first round's bytes: the partials packed, then the slots but the first; the longest
+  // run of them from the start whose pieces fit whole in the target block lies there.
+  w.packed = packed;
+  const std::size_t room = bytes_of(c.want, c.elem);
+  const std::size_t later_slots = w.slots > 1 ? w.part_bytes * (w.slots - 1) : 0;
+  for (std::size_t j = 0; j < w.parts.size(); ++j) {
+    if (j == me || w.in_place[j] || w.parts[j].empty()) continue;
+    const std::size_t end = w.where[j].offset + w.where[j].runs.piece_bytes();
+    if (end > room) break;
+    w.first_round_in_target = end;
+  }
+  if (w.first_round_in_target == packed)
+    w.first_round_in_target += std::min(later_slots, room - packed) /
+                               std::max<std::size_t>(w.part_bytes, 1) * w.part_bytes;
+  w.deliver_send_at = packed + later_slots - w.first_round_in_target;
   // The first slot spans the reduced box (by elements, up to a row more than the part), else
-  // (packed runs) holds the packed part, the box after the slots.
+  // (packed runs) holds the packed part, the box after it.
   w.first_slot = packed_runs ? w.part_bytes : bytes_of(own, c.elem);
-  w.box_at = packed_runs ? w.part_bytes * w.slots : 0;
+  w.box_at = packed_runs ? w.first_slot : 0;
   w.deliver_recv_at = w.slots == 0  ? 0
                       : packed_runs ? w.box_at + bytes_of(own, c.elem)
-                                    : w.first_slot + w.part_bytes * (w.slots - 1);
-  w.send = packed + w.deliver.send;
+                                    : w.first_slot;
+  w.send = w.deliver_send_at + w.deliver.send;
   w.recv = w.deliver_recv_at + w.deliver.recv;
   return w;
 }
@@ -1700,24 +1725,29 @@ inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a) {
 
 // The first round of an exchange from a Partial as one round per member
 // (reduces_parts_in_rounds): in round t member t sends every other member its partial of that
-// member's part (from where it lies, or packed at `send`), and the others receive it into
-// `reduced` (t = 0) or `slot`, folded into `reduced` after the round; member t folds its own.
+// member's part (from where it lies, or packed in the first round's bytes, first_round_at
+// `out` and `send`), and the others receive it into `reduced` (t = 0) or the later slot,
+// folded into `reduced` after the round; member t folds its own.
 template <class L, class Ops>
 Task<void> reduce_parts_in_rounds(L link, const Ops& ops, const StepContext& c,
                                   const ReducingExchangeWay& w, const std::byte* cur,
-                                  std::byte* send, std::byte* reduced, std::byte* slot) {
+                                  std::byte* out, std::byte* send, std::byte* reduced) {
   const auto me = static_cast<std::size_t>(w.me);
   const DType dtype = c.plan.src().dtype();
   const std::size_t count = w.part_bytes / c.elem;
+  std::byte* const slot = w.first_round_at(w.packed, out, send);
   for (std::size_t j = 0; j < w.parts.size(); ++j)
     if (j != me && !w.parts[j].empty() && !w.in_place[j])
-      pack_part(ops, w, j, cur, c.have, send + w.where[j].offset, c.elem);
+      pack_part(ops, w, j, cur, c.have, w.first_round_at(w.where[j].offset, out, send), c.elem);
   for (std::size_t t = 0; t < w.parts.size(); ++t) {
     Messages round;
     if (t == me) {
       for (std::size_t j = 0; j < w.parts.size(); ++j)
         if (j != me && !w.parts[j].empty())
-          round.send(w.peers[j], (w.in_place[j] ? cur : send) + w.where[j].offset, w.where[j].runs);
+          round.send(w.peers[j],
+                     w.in_place[j] ? cur + w.where[j].offset
+                                   : w.first_round_at(w.where[j].offset, out, send),
+                     w.where[j].runs);
     } else if (w.part_bytes != 0) {
       round.recv(w.peers[t], t == 0 ? reduced : slot, w.part_bytes);
     }
@@ -1752,9 +1782,8 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   const bool own_in_place = w.own_in_place;
   // The first slot holds the reduced part, `lead` bytes into it; the others follow.
   std::byte* reduced = b.recv + w.lead;
-  std::byte* const later_slots = b.recv + w.first_slot;
   if (w.rounds) {
-    co_await reduce_parts_in_rounds(link, ops, c, w, cur, b.send, reduced, later_slots);
+    co_await reduce_parts_in_rounds(link, ops, c, w, cur, out, b.send, reduced);
     co_await move_pieces(link, ops, w.deliver, reduced, w.reduced_box, out, c.want,
                          b.send + w.deliver_send_at, b.recv + w.deliver_recv_at, c.elem);
     co_return b.allocated();
@@ -1767,7 +1796,8 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
       partials[j] = cur + w.where[j].offset;
       continue;
     }
-    std::byte* slot = slots == 0 ? reduced : later_slots + (slots - 1) * w.part_bytes;
+    std::byte* slot =
+        slots == 0 ? reduced : w.first_round_at(w.packed + (slots - 1) * w.part_bytes, out, b.send);
     ++slots;
     partials[j] = slot;
     if (j == me) {
@@ -1777,8 +1807,9 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
     const Box& part = w.parts[j];
     if (!part.empty()) {
       const PieceRuns& at = w.where[j];
-      if (!w.in_place[j]) pack_part(ops, w, j, cur, c.have, b.send + at.offset, c.elem);
-      m.send(w.peers[j], (w.in_place[j] ? cur : b.send) + at.offset, at.runs);
+      std::byte* const packed_at = w.first_round_at(at.offset, out, b.send);
+      if (!w.in_place[j]) pack_part(ops, w, j, cur, c.have, packed_at, c.elem);
+      m.send(w.peers[j], w.in_place[j] ? cur + at.offset : packed_at, at.runs);
     }
     if (w.part_bytes != 0) m.recv(w.peers[j], slot, w.part_bytes);
   }
