@@ -1636,8 +1636,10 @@ TEST_CASE("an exchange from a Partial stages its first round in its target", "[e
   // 0 reduces the 8x4 columns 0-3 of its 8x8 block from its partial and rank 2's, then sends the
   // reduced rows on. On a packing backend its first round packs its partial of rank 2's columns
   // (128 B) and stages rank 2's partial of its own (128 B) beside the reduced part and the
-  // second round's pieces: 448 B, past the larger end (256 B). Both are dead before the second
-  // round writes the 4x16 target, so they lie there: 192 B.
+  // second round's pieces: 448 B, past the larger end (256 B). The packed partial is dead before
+  // the second round writes the 4x16 target, so it lies there; rank 2's partial comes into the
+  // reduced part's slot, and rank 0's own is copied into the target after the round and reduced
+  // from there (one band of all 8 rows): 192 B.
   const DeviceMesh square({2, 2});
   constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
   const Layout src(square, parse_placements("P,S(1)"), {8, 16});
@@ -1650,7 +1652,9 @@ TEST_CASE("an exchange from a Partial stages its first round in its target", "[e
   const detail::ReducingExchangeWay way =
       detail::reducing_exchange_way(detail::step_context(plan, 0, MeshCoord{0, 0}, false), packs);
   CHECK(way.packed == 128);
-  CHECK(way.first_round_in_target == 256);
+  CHECK(way.first_round_in_target == 128);
+  CHECK(way.own_in_bands);
+  CHECK(way.band_rows == 8);
   CHECK(way.allocated() == 192);
   CHECK(workspace_bytes<PackingBackend>(plan) == 192);
   CHECK(verify_on_simulator(plan).verified);
@@ -1703,6 +1707,81 @@ TEST_CASE("an exchange from a Partial stages its first round in its target", "[e
     });
   fmt::print("first round in the target: {} plans on 2x2 and 2x4\n", in_target);
   CHECK(in_target * testing::exhaustive_stride() > 10);
+}
+
+TEST_CASE("an exchange from a Partial reduces its own partial a band at a time in its target",
+          "[execute][memory]") {
+  // (P, S(0)) -> (S(0), S(1)) on 2x2, 8x16 f32, fewest bytes, bounded: one exchange from the
+  // Partial. Rank 0 owns the 4x12 columns 0-11 of its 4x16 block (its 4x8 target lies in it),
+  // rank 2 the other 4x4. Rank 0 packs its partial of rank 2's part (64 B, in its target),
+  // receives rank 2's partial of its own into the slot that holds the reduced part (192 B), then
+  // copies its own partial 2 rows (96 B) at a time into its 4x8 target (128 B) and reduces each
+  // band; the column piece it sends on is packed (64 B). 256 B, the larger end, where packing
+  // its own partial into a slot of its own held 448 B.
+  // Rank 1 owns columns 0-3 of rows 4-7 and packs its partial of rank 3's 4x12 (192 B, more
+  // than its target holds) beside the slot (64 B); its second round stages the two 4x4 pieces
+  // it receives (128 B) where that packed partial was, dead by then: 256 B, not 384.
+  const DeviceMesh square({2, 2});
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  const Layout src(square, parse_placements("P,S(0)"), {8, 16});
+  const Layout dst(square, parse_placements("S(0),S(1)"), {8, 16});
+  const Plan plan = plan_redistribute(
+      src, dst, PlanOptions{.objective = Objective::bytes, .memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 1);
+  REQUIRE(plan[0].kind == StepKind::exchange);
+  const detail::ReducingExchangeWay first =
+      detail::reducing_exchange_way(detail::step_context(plan, 0, MeshCoord{0, 0}, false), packs);
+  CHECK(first.own_in_bands);
+  CHECK(first.band_rows == 2);
+  CHECK(first.slots == 1);
+  CHECK(first.first_round_in_target == 64);
+  CHECK(first.send == 64);
+  CHECK(first.recv == 192);
+  const detail::ReducingExchangeWay second =
+      detail::reducing_exchange_way(detail::step_context(plan, 0, MeshCoord{0, 1}, false), packs);
+  CHECK(second.first_round_in_target == 0);
+  CHECK(second.first_round_rest == 192);
+  CHECK(second.deliver.recv == 128);
+  CHECK(second.send == 192);
+  CHECK(second.recv == 64);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 256);
+  CHECK(verify_on_simulator(plan).verified);
+  check_within_ends(run_strided_and_packed(plan).second, src, dst);
+  run_async_packed(plan);
+
+  // Every plan on 2x2 and 2x4 that reduces its own partial in more than one band on some rank
+  // (bounded plans only: the others take one band or none), in every dtype and both ops of the
+  // matrix: the same bits packed as strided, bytes and scratch as planned, and through
+  // execute_async.
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int banded = 0;
+  for (const DeviceMesh& m : {square, DeviceMesh({2, 4})})
+    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+        for (const Objective objective : {Objective::time, Objective::bytes})
+          for (const DType dtype : {DType::f32, DType::bf16, DType::i64}) {
+            const Plan q = plan_redistribute(Layout(m, a, shape, dtype), Layout(m, b, shape, dtype),
+                                             {.objective = objective, .memory = Memory::bounded});
+            bool bands = false;
+            for (std::size_t i = 0; i < q.size(); ++i)
+              for (int r = 0; r < m.size() && !bands; ++r) {
+                if (q[i].kind != StepKind::exchange ||
+                    !detail::exchange_reduces(q[i].before, q[i].after))
+                  break;
+                const detail::ReducingExchangeWay w = detail::reducing_exchange_way(
+                    detail::step_context(q, i, m.coordinate_at(r), false), packs);
+                bands = w.own_in_bands && w.band_rows < w.reduced_box.shape[0];
+              }
+            if (!bands) continue;
+            ++banded;
+            INFO(explain(q));
+            run_strided_and_packed(q);
+            if (dtype == DType::f32) run_async_packed(q);
+          }
+    });
+  fmt::print("own partial in bands: {} bounded plans on 2x2 and 2x4\n", banded);
+  CHECK(banded * testing::exhaustive_stride() > 10);
 }
 
 TEST_CASE("by default a large redistribution holds the memory bound where it costs little",

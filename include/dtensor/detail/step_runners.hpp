@@ -1490,11 +1490,12 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // packed; every other member's partial of its own part in, each staged in a slot of the receive
 // staging, in group order. This member's own partial is read where it lies likewise, else
 // copied to its slot. The reduction lands in the first slot. Second round (`deliver`, staged
-// after the slots): as an exchange, from the reduced part to the target block. A group that cuts
-// its block by elements in row-major order (GroupParts::by_elements) sends each part from where
-// it lies, one run of the block; the first slot then spans `reduced_box`, the box of whole rows
-// around this member's run (one run of the block too), with the run `lead` bytes into it, so
-// that the second round finds every piece of the part where it lies in that box. A group that
+// where the first round's dead bytes were): as an exchange, from the reduced part to the target
+// block. A group that cuts its block by elements in row-major order (GroupParts::by_elements)
+// sends each part from where it lies, one run of the block; the first slot then spans
+// `reduced_box`, the box of whole rows around this member's run (one run of the block too), with
+// the run `lead` bytes into it, so that the second round finds every piece of the part where it
+// lies in that box. A group that
 // cuts by elements with another tensor dim outermost (GroupParts::outer) packs each part's boxes
 // (`boxes`) one after another, every member alike; the reduced part, packed so in the first slot,
 // is then laid out in `reduced_box` (the whole columns around it) after the slots. In rounds
@@ -1502,7 +1503,11 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // The first round's packed partials and its slots but the first (in this order, the first
 // round's bytes) are dead once the part is reduced, before the second round writes the target:
 // as many of them as fit lie in the step's target block (`first_round_in_target` bytes), the
-// others at the front of the send staging.
+// others at the front of the send staging. In one round, a member whose own partial is packed
+// may take no slot for it (`own_in_bands`): the first partial it receives lands in the first
+// slot, and after the round it copies its own partial a band of the part's rows at a time into
+// the target block's room that the slots leave (`band_at`, `band_rows` rows) and reduces each
+// band there, the parts in group order as before.
 struct ReducingExchangeWay : Staging {
   int me = 0;
   ReduceOp op = ReduceOp::sum;
@@ -1521,8 +1526,22 @@ struct ReducingExchangeWay : Staging {
   std::size_t lead = 0;          // where the part starts in the first slot
   std::size_t packed = 0;        // the first round's packed partials (its slots after them)
   std::size_t first_round_in_target = 0;
+  bool own_in_bands = false;
+  std::size_t band_at = 0;
+  std::int64_t band_rows = 0;
   ExchangeWay deliver;
+  // The receive staging holds the slots not in the target (the first one first) and, for
+  // packed runs, the box; the send staging the first round's bytes not in the target, then,
+  // once they are dead, the second round's packed pieces and after them its staged ones.
+  std::size_t first_round_rest = 0;
   std::size_t deliver_send_at = 0, deliver_recv_at = 0;
+
+  void size_staging(std::size_t slots_bytes) {
+    deliver_send_at = 0;
+    deliver_recv_at = deliver.send;
+    send = std::max(first_round_rest, deliver.send + deliver.recv);
+    recv = slots_bytes;
+  }
 
   // Where byte `x` of the first round lies: in the target block `out` or the send staging.
   [[nodiscard]] std::byte* first_round_at(std::size_t x, std::byte* out, std::byte* send) const {
@@ -1643,26 +1662,53 @@ inline ReducingExchangeWay reducing_exchange_pieces(const StepContext& c, LinkAb
   // run of them from the start whose pieces fit whole in the target block lies there.
   w.packed = packed;
   const std::size_t room = bytes_of(c.want, c.elem);
-  const std::size_t later_slots = w.slots > 1 ? w.part_bytes * (w.slots - 1) : 0;
-  for (std::size_t j = 0; j < w.parts.size(); ++j) {
-    if (j == me || w.in_place[j] || w.parts[j].empty()) continue;
-    const std::size_t end = w.where[j].offset + w.where[j].runs.piece_bytes();
-    if (end > room) break;
-    w.first_round_in_target = end;
+  auto place_first_round = [&] {
+    const std::size_t later = w.slots > 1 ? w.part_bytes * (w.slots - 1) : 0;
+    w.first_round_in_target = 0;
+    for (std::size_t j = 0; j < w.parts.size(); ++j) {
+      if (j == me || w.in_place[j] || w.parts[j].empty()) continue;
+      const std::size_t end = w.where[j].offset + w.where[j].runs.piece_bytes();
+      if (end > room) break;
+      w.first_round_in_target = end;
+    }
+    if (w.first_round_in_target == packed)
+      w.first_round_in_target +=
+          std::min(later, room - packed) / std::max<std::size_t>(w.part_bytes, 1) * w.part_bytes;
+    return later;
+  };
+  std::size_t later_slots = place_first_round();
+  // The own partial in bands: where it is packed into a slot of its own in one round (not by
+  // elements). The bands lie in the larger room of the target the slots there leave: before
+  // them (the packed partials', dead after the round) or after them. Bounded plans take as
+  // many bands as that room needs; others only one, which costs no call more.
+  if (!w.rounds && !gp.by_elements && !w.own_in_place && w.parts.size() > 1 && w.part_bytes > 0) {
+    --w.slots;
+    const std::size_t later = place_first_round();
+    // The slots in the target: [packed, first_round_in_target), where all packed ones fit.
+    const bool slots_there = w.first_round_in_target > packed;
+    const std::size_t slots_begin = slots_there ? packed : 0;
+    const std::size_t slots_end = slots_there ? w.first_round_in_target : 0;
+    const std::size_t band_room = std::max(slots_begin, room - slots_end);
+    const auto rows = own.shape[0];
+    const std::size_t row_bytes = w.part_bytes / static_cast<std::size_t>(rows);
+    const auto fit = static_cast<std::int64_t>(band_room / row_bytes);
+    if (fit >= (c.plan.memory_bounded() ? 1 : rows)) {
+      w.own_in_bands = true;
+      w.band_at = slots_begin >= room - slots_end ? 0 : slots_end;
+      w.band_rows = std::min(fit, rows);
+      later_slots = later;
+    } else {
+      ++w.slots;
+      later_slots = place_first_round();
+    }
   }
-  if (w.first_round_in_target == packed)
-    w.first_round_in_target += std::min(later_slots, room - packed) /
-                               std::max<std::size_t>(w.part_bytes, 1) * w.part_bytes;
-  w.deliver_send_at = packed + later_slots - w.first_round_in_target;
+  w.first_round_rest = packed + later_slots - w.first_round_in_target;
   // The first slot spans the reduced box (by elements, up to a row more than the part), else
-  // (packed runs) holds the packed part, the box after it.
+  // (packed runs) holds the packed part, the box after it. The slots but the first are in the
+  // first round's bytes.
   w.first_slot = packed_runs ? w.part_bytes : bytes_of(own, c.elem);
   w.box_at = packed_runs ? w.first_slot : 0;
-  w.deliver_recv_at = w.slots == 0  ? 0
-                      : packed_runs ? w.box_at + bytes_of(own, c.elem)
-                                    : w.first_slot;
-  w.send = w.deliver_send_at + w.deliver.send;
-  w.recv = w.deliver_recv_at + w.deliver.recv;
+  w.size_staging(packed_runs ? w.box_at + bytes_of(own, c.elem) : w.first_slot);
   return w;
 }
 
@@ -1673,8 +1719,7 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   if (!c.messages)
     if (const std::vector<int> shifts = delivery_shifts(c, a); !shifts.empty()) {
       stage_in_rounds(w.deliver, shifts, c.plan.src().mesh(), c.me, c.elem);
-      w.send = w.deliver_send_at + w.deliver.send;
-      w.recv = w.deliver_recv_at + w.deliver.recv;
+      w.size_staging(w.recv);
     }
   w.use_spare(c.spare_bytes);
   return w;
@@ -1785,7 +1830,7 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   if (w.rounds) {
     co_await reduce_parts_in_rounds(link, ops, c, w, cur, out, b.send, reduced);
     co_await move_pieces(link, ops, w.deliver, reduced, w.reduced_box, out, c.want,
-                         b.send + w.deliver_send_at, b.recv + w.deliver_recv_at, c.elem);
+                         b.send + w.deliver_send_at, b.send + w.deliver_recv_at, c.elem);
     co_return b.allocated();
   }
   Messages m;
@@ -1796,6 +1841,7 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
       partials[j] = cur + w.where[j].offset;
       continue;
     }
+    if (j == me && w.own_in_bands) continue;  // copied after the round, a band at a time
     std::byte* slot =
         slots == 0 ? reduced : w.first_round_at(w.packed + (slots - 1) * w.part_bytes, out, b.send);
     ++slots;
@@ -1816,6 +1862,21 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   co_await send_and_receive(link, m);
   const DType dtype = c.plan.src().dtype();
   if (w.part_bytes == 0) {
+  } else if (w.own_in_bands) {
+    const Box& part = w.parts[me];
+    const std::size_t row_bytes = w.part_bytes / static_cast<std::size_t>(part.shape[0]);
+    std::byte* const band = out + w.band_at;
+    std::vector<const void*> rows(partials.size());
+    for (std::int64_t r = 0; r < part.shape[0]; r += w.band_rows) {
+      Box b = part;
+      b.offset[0] += r;
+      b.shape[0] = std::min(w.band_rows, part.shape[0] - r);
+      copy_piece(ops, cur, c.have, band, b, b, c.elem);
+      const std::size_t at = static_cast<std::size_t>(r) * row_bytes;
+      for (std::size_t j = 0; j < partials.size(); ++j)
+        rows[j] = j == me ? band : static_cast<const std::byte*>(partials[j]) + at;
+      ops.reduce(dtype, reduced + at, rows, bytes_of(b, c.elem) / c.elem, w.op);
+    }
   } else if (own_in_place && w.where[me].runs.rows > 1) {
     reduce_with_runs(ops, dtype, reduced, partials, me, cur + w.where[me].offset, w.where[me].runs,
                      c.elem, w.op);
@@ -1831,7 +1892,7 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
     }
   }
   co_await move_pieces(link, ops, w.deliver, box, w.reduced_box, out, c.want,
-                       b.send + w.deliver_send_at, b.recv + w.deliver_recv_at, c.elem);
+                       b.send + w.deliver_send_at, b.send + w.deliver_recv_at, c.elem);
   co_return b.allocated();
 }
 
