@@ -771,7 +771,6 @@ TEST_CASE("a backend instance sets its own threshold for reductions by messages"
                                         Layout(mesh, parse_placements(k.to), k.shape));
     INFO(fmt::format("{} {} {} -> {}", k.mesh, k.shape, k.from, k.to));
     int collectives[2] = {};
-    std::int64_t scratch[2] = {};
     for (int never = 0; never < 2; ++never) {
       reduce_by_messages_from = never != 0 ? std::numeric_limits<std::size_t>::max() : 0;
       MessageScatterBackend::calls = 0;
@@ -785,13 +784,17 @@ TEST_CASE("a backend instance sets its own threshold for reductions by messages"
       SimulatedWorld world(mesh);
       world.run([&](SimulatedBackend& b) {
         if (b.rank() != 0) return;
+        // The busiest rank's figure for this instance, no less than this rank's (each checked
+        // as planned in the runs above). Neither instance bounds the other: by messages an
+        // all-reduce stages what its two rounds need where the collective runs in place, and a
+        // reduce-scatter folds its own partial through the other members' packed pieces where
+        // the collective packs its whole block.
         const MessageScatterBackend m(b, reduce_by_messages_from);
-        scratch[never] = workspace_bytes(plan, m);
+        CHECK(workspace_bytes(plan, m) >= workspace_bytes(plan, m, b.rank()));
       });
     }
     CHECK(collectives[0] == 0);  // every reduction by messages
     CHECK(collectives[1] > 0);   // each one a collective
-    CHECK(scratch[0] >= scratch[1]);
   }
   reduce_by_messages_from = MessageScatterBackend::reduce_messages_bytes;
 }
@@ -1208,6 +1211,50 @@ void run_async_packed(const Plan& plan) {
   CHECK(v.verified);
 }
 
+// The plans a sweep makes of every pair of the matrix on 2x2 and 2x4 (testing::for_each_pair):
+// each pair at every shape, objective, memory mode and dtype listed here.
+struct Sweep {
+  std::vector<Shape> shapes{{8, 16}, {7, 10}};
+  std::vector<Memory> memories{Memory::bounded};
+  std::vector<DType> dtypes{DType::f32};
+};
+
+// Runs every plan of `sweep` that `selects` on the simulator, strided and packed
+// (run_strided_and_packed: the same bits, bytes and scratch as planned), and in f32 through
+// execute_async on a backend that packs; returns how many it ran.
+template <class Selects>
+int run_selected_plans(const Sweep& sweep, Selects&& selects) {
+  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int selected = 0;
+  for (const DeviceMesh& m : {DeviceMesh({2, 2}), DeviceMesh({2, 4})})
+    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
+      for (const Shape& shape : sweep.shapes)
+        for (const Objective objective : {Objective::time, Objective::bytes})
+          for (const Memory memory : sweep.memories)
+            for (const DType dtype : sweep.dtypes) {
+              const Plan q =
+                  plan_redistribute(Layout(m, a, shape, dtype), Layout(m, b, shape, dtype),
+                                    {.objective = objective, .memory = memory});
+              if (!selects(q)) continue;
+              ++selected;
+              INFO(explain(q));
+              run_strided_and_packed(q);
+              if (dtype == DType::f32) run_async_packed(q);
+            }
+    });
+  return selected;
+}
+
+// Whether `holds(i, me)` for some step i of `plan` of kind `kind` on some rank `me`.
+template <class Holds>
+bool on_some_rank(const Plan& plan, StepKind kind, Holds&& holds) {
+  const DeviceMesh& mesh = plan.src().mesh();
+  for (std::size_t i = 0; i < plan.size(); ++i)
+    for (int r = 0; r < mesh.size() && plan[i].kind == kind; ++r)
+      if (holds(i, mesh.coordinate_at(r))) return true;
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("under Memory::bounded, an exchange that stages past the larger end runs in rounds",
@@ -1327,11 +1374,12 @@ TEST_CASE("the shifts of a step's rounds are decided once per process", "[execut
 TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs one per round",
           "[execute][memory]") {
   // P -> S(1) on 4 ranks, 7x10 f32: column pieces of 3, 3, 3 and 1, reduced by point-to-point
-  // messages (uneven). In one round a backend that packs stages the other members' pieces and 3
-  // partials of its own (448 B on ranks 0 to 2, whose larger block is the 280 B source); in 3
-  // rounds, one piece packed and one partial received at a time, folded into the target after
-  // its round: 168 B. A backend that sends strided pieces where they lie keeps one round from
-  // the caller's source (it would stage as much in rounds).
+  // messages (uneven). In one round a backend that packs stages the other members' pieces and 2
+  // partials of its own, its own folded through those pieces after the round (364 B on ranks 0
+  // to 2, whose larger block is the 280 B source); in 3 rounds, one piece packed and one partial
+  // received at a time, folded into the target after its round: 168 B. A backend that sends strided
+  // pieces where they lie keeps one round from the caller's source (it would stage as much in
+  // rounds).
   const DeviceMesh mesh({4});
   const Layout src(mesh, parse_placements("P"), {7, 10});
   const Layout dst(mesh, parse_placements("S(1)"), {7, 10});
@@ -1346,7 +1394,7 @@ TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs o
   CHECK(detail::link_operations(plan, packs) == 3);
   CHECK(detail::link_operations(plan, strided) == 1);
   CHECK(workspace_bytes<PackingBackend>(plan) == 168);
-  CHECK(detail::workspace_bytes(plan, 0, {.one_call_per_step = true}) == 448);
+  CHECK(detail::workspace_bytes(plan, 0, {.one_call_per_step = true}) == 364);
   const auto [s, p] = run_strided_and_packed(plan);
   CHECK(s.collectives == 1);
   CHECK(p.collectives == 3);
@@ -1549,30 +1597,15 @@ TEST_CASE("a reduce-scatter over a pair packs its pieces in its block", "[execut
       }
 
   // Every bounded plan on 2x2 and 2x4 with a reduce-scatter over a pair that would pack its
-  // pieces in a block it may overwrite: the same bits packed as strided, bytes and scratch as
-  // planned, and through execute_async.
-  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
-  int in_block = 0;
-  for (const DeviceMesh& m : {square, DeviceMesh({2, 4})})
-    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
-      for (const Objective objective : {Objective::time, Objective::bytes}) {
-        const Plan q = plan_redistribute(Layout(m, a, {8, 16}), Layout(m, b, {8, 16}),
-                                         {.objective = objective, .memory = Memory::bounded});
-        bool packs_in_block = false;
-        for (std::size_t i = 1; i < q.size(); ++i) {
-          if (q[i].kind != StepKind::reduce_scatter) continue;
-          detail::StepContext c =
-              detail::step_context(q, i, MeshCoord(static_cast<std::size_t>(m.ndim()), 0), false);
-          c.block_writable = true;
-          packs_in_block = packs_in_block || detail::scatter_way(c).pack_in_block;
-        }
-        if (!packs_in_block) continue;
-        ++in_block;
-        INFO(explain(q));
-        run_strided_and_packed(q);
-        run_async_packed(q);
-      }
+  // pieces in a block it may overwrite (after the first step): the same bits packed as
+  // strided, bytes and scratch as planned, and through execute_async.
+  const int in_block = run_selected_plans({.shapes = {{8, 16}}}, [](const Plan& q) {
+    return on_some_rank(q, StepKind::reduce_scatter, [&](std::size_t i, const MeshCoord& me) {
+      detail::StepContext c = detail::step_context(q, i, me, false);
+      c.block_writable = true;
+      return i > 0 && detail::scatter_way(c).pack_in_block;
     });
+  });
   fmt::print("packed in the block: {} bounded plans on 2x2 and 2x4\n", in_block);
   CHECK(in_block * testing::exhaustive_stride() > 10);
 }
@@ -1604,29 +1637,12 @@ TEST_CASE("an exchange stages in the room of the own piece it copies last", "[ex
   // Every bounded plan on 2x2 and 2x4 whose exchange stages in the own piece's room on some
   // rank: the same bits packed as strided, bytes and scratch as planned, and through
   // execute_async.
-  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
-  int own_room = 0;
-  for (const DeviceMesh& m : {square, DeviceMesh({2, 4})})
-    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
-      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
-        for (const Objective objective : {Objective::time, Objective::bytes}) {
-          const Plan q = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape),
-                                           {.objective = objective, .memory = Memory::bounded});
-          bool in_own = false;
-          for (std::size_t i = 0; i < q.size(); ++i)
-            for (int r = 0; r < m.size() && !in_own; ++r)
-              in_own =
-                  q[i].kind == StepKind::exchange &&
-                  !detail::exchange_reduces(q[i].before, q[i].after) &&
-                  detail::exchange_way(detail::step_context(q, i, m.coordinate_at(r), false), packs)
-                      .own_room;
-          if (!in_own) continue;
-          ++own_room;
-          INFO(explain(q));
-          run_strided_and_packed(q);
-          run_async_packed(q);
-        }
+  const int own_room = run_selected_plans({}, [&](const Plan& q) {
+    return on_some_rank(q, StepKind::exchange, [&](std::size_t i, const MeshCoord& me) {
+      return !detail::exchange_reduces(q[i].before, q[i].after) &&
+             detail::exchange_way(detail::step_context(q, i, me, false), packs).own_room;
     });
+  });
   fmt::print("own room: {} bounded plans on 2x2 and 2x4 stage an exchange in it\n", own_room);
   CHECK(own_room * testing::exhaustive_stride() > 10);
 }
@@ -1681,30 +1697,14 @@ TEST_CASE("an exchange from a Partial stages its first round in its target", "[e
   // Every plan on 2x2 and 2x4 whose exchange from a Partial stages some of its first round in
   // the target on some rank, bounded or not: the same bits packed as strided, bytes and
   // scratch as planned, and through execute_async.
-  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
-  int in_target = 0;
-  for (const DeviceMesh& m : {square, wide})
-    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
-      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
-        for (const Objective objective : {Objective::time, Objective::bytes})
-          for (const Memory memory : {Memory::any, Memory::bounded}) {
-            const Plan q = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape),
-                                             {.objective = objective, .memory = memory});
-            bool staged_in_target = false;
-            for (std::size_t i = 0; i < q.size(); ++i)
-              for (int r = 0; r < m.size() && !staged_in_target; ++r)
-                staged_in_target = q[i].kind == StepKind::exchange &&
-                                   detail::exchange_reduces(q[i].before, q[i].after) &&
-                                   detail::reducing_exchange_way(
-                                       detail::step_context(q, i, m.coordinate_at(r), false), packs)
-                                           .first_round_in_target > 0;
-            if (!staged_in_target) continue;
-            ++in_target;
-            INFO(explain(q));
-            run_strided_and_packed(q);
-            run_async_packed(q);
-          }
-    });
+  const int in_target =
+      run_selected_plans({.memories = {Memory::any, Memory::bounded}}, [&](const Plan& q) {
+        return on_some_rank(q, StepKind::exchange, [&](std::size_t i, const MeshCoord& me) {
+          return detail::exchange_reduces(q[i].before, q[i].after) &&
+                 detail::reducing_exchange_way(detail::step_context(q, i, me, false), packs)
+                         .first_round_in_target > 0;
+        });
+      });
   fmt::print("first round in the target: {} plans on 2x2 and 2x4\n", in_target);
   CHECK(in_target * testing::exhaustive_stride() > 10);
 }
@@ -1754,33 +1754,72 @@ TEST_CASE("an exchange from a Partial reduces its own partial a band at a time i
   // (bounded plans only: the others take one band or none), in every dtype and both ops of the
   // matrix: the same bits packed as strided, bytes and scratch as planned, and through
   // execute_async.
-  const Placement letters[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
-  int banded = 0;
-  for (const DeviceMesh& m : {square, DeviceMesh({2, 4})})
-    testing::for_each_pair(m, letters, [&](int, int, const Placements& a, const Placements& b) {
-      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
-        for (const Objective objective : {Objective::time, Objective::bytes})
-          for (const DType dtype : {DType::f32, DType::bf16, DType::i64}) {
-            const Plan q = plan_redistribute(Layout(m, a, shape, dtype), Layout(m, b, shape, dtype),
-                                             {.objective = objective, .memory = Memory::bounded});
-            bool bands = false;
-            for (std::size_t i = 0; i < q.size(); ++i)
-              for (int r = 0; r < m.size() && !bands; ++r) {
-                if (q[i].kind != StepKind::exchange ||
-                    !detail::exchange_reduces(q[i].before, q[i].after))
-                  break;
-                const detail::ReducingExchangeWay w = detail::reducing_exchange_way(
-                    detail::step_context(q, i, m.coordinate_at(r), false), packs);
-                bands = w.own_in_bands && w.band_rows < w.reduced_box.shape[0];
-              }
-            if (!bands) continue;
-            ++banded;
-            INFO(explain(q));
-            run_strided_and_packed(q);
-            if (dtype == DType::f32) run_async_packed(q);
-          }
-    });
+  const int banded =
+      run_selected_plans({.dtypes = {DType::f32, DType::bf16, DType::i64}}, [&](const Plan& q) {
+        return on_some_rank(q, StepKind::exchange, [&](std::size_t i, const MeshCoord& me) {
+          if (!detail::exchange_reduces(q[i].before, q[i].after)) return false;
+          const detail::ReducingExchangeWay w =
+              detail::reducing_exchange_way(detail::step_context(q, i, me, false), packs);
+          return w.own_in_bands && w.band_rows < w.reduced_box.shape[0];
+        });
+      });
   fmt::print("own partial in bands: {} bounded plans on 2x2 and 2x4\n", banded);
+  CHECK(banded * testing::exhaustive_stride() > 10);
+}
+
+TEST_CASE("a reduce-scatter by messages reduces its own partial a band at a time",
+          "[execute][memory]") {
+  // (S(1), P) -> (S(1), S(1)) on 2x2, 7x10 f32, bounded: an uneven reduce-scatter over mesh
+  // dim 1 of each rank's 7x5 block into column pieces of 3 and 2, one point-to-point round. On
+  // a packing backend rank 0 packed its partial of rank 1's 7x2 piece (56 B) and received rank
+  // 1's partial of its own 7x3 piece into staging (84 B), its own partial copied into the
+  // target: 140 B. Now rank 1's partial comes into the target and, after the round, rank 0 copies
+  // its own partial 4 rows (48 B) at a time into the packed piece's staging, dead by then, and
+  // reduces each band from there: 56 B. Rank 1 packs 7x3 columns (84 B) and copies its whole
+  // 7x2 piece there in one band: 84 B.
+  const DeviceMesh square({2, 2});
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  const Layout src(square, parse_placements("S(1),P"), {7, 10});
+  const Layout dst(square, parse_placements("S(1),S(1)"), {7, 10});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 1);
+  REQUIRE(plan[0].kind == StepKind::reduce_scatter);
+  auto way_at = [&](const Plan& q, std::size_t i, const MeshCoord& me) {
+    const detail::StepContext c = detail::step_context(q, i, me, false);
+    const int k = c.step.mesh_dim;
+    return detail::exchange_reduce_way(
+        c, detail::slabs_along(c.have.shape, c.step.after[k].dim()),
+        [&c](int j) { return detail::member_box(c, c.after, j); }, packs);
+  };
+  const detail::ExchangeReduceWay first = way_at(plan, 0, MeshCoord{0, 0});
+  CHECK(first.own_in_bands);
+  CHECK(first.band_rows == 4);
+  CHECK(first.send == 56);
+  CHECK(first.recv == 0);
+  const detail::ExchangeReduceWay second = way_at(plan, 0, MeshCoord{0, 1});
+  CHECK(second.own_in_bands);
+  CHECK(second.band_rows == 7);
+  CHECK(second.allocated() == 84);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 84);
+  CHECK(verify_on_simulator(plan).verified);
+  check_within_ends(run_strided_and_packed(plan).second, src, dst);
+  run_async_packed(plan);
+
+  // Every plan on 2x2 and 2x4 with such a reduce-scatter on some rank, bounded or not, in f32,
+  // bf16 and i64: the same bits packed as strided, bytes and scratch as planned, and (f32)
+  // through execute_async.
+  const int banded = run_selected_plans(
+      {.shapes = {{7, 10}},
+       .memories = {Memory::any, Memory::bounded},
+       .dtypes = {DType::f32, DType::bf16, DType::i64}},
+      [&](const Plan& q) {
+        return on_some_rank(q, StepKind::reduce_scatter, [&](std::size_t i, const MeshCoord& me) {
+          return detail::scatters_by_messages(detail::step_context(q, i, me, false), packs) &&
+                 way_at(q, i, me).own_in_bands;
+        });
+      });
+  fmt::print("reduce-scatter own partial in bands: {} plans on 2x2 and 2x4\n", banded);
   CHECK(banded * testing::exhaustive_stride() > 10);
 }
 

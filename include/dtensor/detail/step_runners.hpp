@@ -439,11 +439,12 @@ constexpr bool folds_one_at_a_time(ReduceOp op, DType dtype) noexcept {
 // Whether a reduce-scatter step of `plan` as one point-to-point round would take some rank past
 // the larger of its source and target blocks. Its pieces sent from where they lie, it stages the
 // g - 2 partials of the rank's piece it receives (its own is reduced from the block, one other is
-// received into the target); packed (`packs`), the other members' pieces and g - 1 partials (its
-// own is copied into the target). Beside them, the block it reads and the one it writes, counted
-// as scratch unless the step reads the caller's source (the plan's first) or writes its target
-// (the plan's last). The origin speaks for every rank where the step is even; otherwise each
-// rank is asked.
+// received into the target); packed (`packs`), the other members' pieces and at most g - 1
+// partials (g - 2 where its own folds through those pieces after the round,
+// ExchangeReduceWay::own_in_bands; counted as g - 1). Beside them, the block it reads and the one
+// it writes, counted as scratch unless the step reads the caller's source (the plan's first) or
+// writes its target (the plan's last). The origin speaks for every rank where the step is even;
+// otherwise each rank is asked.
 inline bool one_round_passes_bound(const Plan& plan, const Step& step, bool even,
                                    bool packs = false) {
   const Layout& base = plan.src();
@@ -582,6 +583,12 @@ struct ExchangeReduceWay : Staging {
                                 // and reduced into the target after its round
   PieceRuns own_runs;           // where the own partial lies in the block (strided, in place)
   std::vector<std::size_t> at;  // where each member's piece is packed (unless slabs or strided)
+  // In one round with packed pieces, the own partial takes no slot: after the round it is
+  // copied `band_rows` rows of its piece at a time into the send staging, dead by then, and
+  // each band reduced from there (on a bounded plan wherever that staging holds a row of the
+  // piece, else only where it holds the whole piece).
+  bool own_in_bands = false;
+  std::int64_t band_rows = 0;
 };
 
 template <class Piece>
@@ -614,6 +621,19 @@ ExchangeReduceWay exchange_reduce_way(const StepContext& c, bool slabs, Piece pi
     w.send = 0;
     for (std::size_t j = 0; j < g; ++j) w.send = std::max(w.send, w.at[j + 1] - w.at[j]);
     w.recv = bytes_of(c.want, c.elem);
+  }
+  // The own partial folded in bands through the packed pieces' staging after the round, where
+  // it would take a slot of its own (one round, packed pieces): as many bands as that staging
+  // needs on a bounded plan, else only where one band holds the whole piece.
+  if (!w.rounds && !slabs && !w.strided && !w.own_in_place && g >= 2 && !c.want.empty()) {
+    const std::int64_t rows = c.want.shape[0];
+    const std::size_t own = bytes_of(c.want, c.elem);
+    const auto fit = static_cast<std::int64_t>(w.send / (own / static_cast<std::size_t>(rows)));
+    if (fit >= (c.plan.memory_bounded() ? 1 : rows)) {
+      w.own_in_bands = true;
+      w.band_rows = std::min(fit, rows);
+      w.recv -= own;
+    }
   }
   w.use_spare(c.spare_bytes);
   return w;
@@ -737,6 +757,8 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
         strided_part[u] = !slabs;
         if (own_bytes) m.recv(global_rank(c, j), at, r.runs);
       }
+    } else if (j == me && w.own_in_bands) {
+      continue;  // folded after the round, a band at a time
     } else {
       std::byte* partial = next++ == 0 ? out : b.recv + (next - 2) * own_bytes;
       parts[u] = partial;
@@ -798,6 +820,22 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   }
   if (own_bytes == 0 || w.accumulates || w.packs) co_return b.allocated();
   auto own_part = static_cast<std::size_t>(me);
+  if (w.own_in_bands) {  // parts in group order, the own one a band at a time in `b.send`
+    const std::int64_t rows = c.want.shape[0];
+    const std::size_t row_bytes = own_bytes / static_cast<std::size_t>(rows);
+    std::vector<const void*> band_parts(parts.size());
+    for (std::int64_t r = 0; r < rows; r += w.band_rows) {
+      Box band = c.want;
+      band.offset[0] += r;
+      band.shape[0] = std::min(w.band_rows, rows - r);
+      copy_piece(ops, cur, c.have, b.send, band, band, c.elem);
+      const std::size_t at = static_cast<std::size_t>(r) * row_bytes;
+      for (std::size_t j = 0; j < parts.size(); ++j)
+        band_parts[j] = j == own_part ? b.send : static_cast<const std::byte*>(parts[j]) + at;
+      ops.reduce(dtype, out + at, band_parts, bytes_of(band, c.elem) / c.elem, op);
+    }
+    co_return b.allocated();
+  }
   if (w.rotated) {  // round order: part p is member me-p's
     const std::vector<const void*> by_member = parts;
     const std::vector<bool> strided_by_member = strided_part;
