@@ -1764,7 +1764,8 @@ TEST_CASE("an exchange from a Partial reduces its own partial a band at a time i
         });
       });
   fmt::print("own partial in bands: {} bounded plans on 2x2 and 2x4\n", banded);
-  CHECK(banded * testing::exhaustive_stride() > 10);
+  // Few pairs qualify, close together: every 5th pair (the ASan preset) meets one of them.
+  CHECK(banded >= (testing::exhaustive_stride() == 1 ? 60 : 1));
 }
 
 TEST_CASE("a reduce-scatter by messages reduces its own partial a band at a time",
