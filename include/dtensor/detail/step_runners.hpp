@@ -1581,9 +1581,12 @@ struct ReducingExchangeWay : Staging {
     recv = slots_bytes;
   }
 
-  // Where byte `x` of the first round lies: in the target block `out` or the send staging.
+  // Where byte `x` of the first round lies: in the target block `out` or the send staging. A
+  // piece of no bytes past the target's share may find no send staging (`send` null): it is
+  // given that null, never an offset from it.
   [[nodiscard]] std::byte* first_round_at(std::size_t x, std::byte* out, std::byte* send) const {
-    return x < first_round_in_target ? out + x : send + (x - first_round_in_target);
+    if (x < first_round_in_target) return out + x;
+    return send == nullptr ? nullptr : send + (x - first_round_in_target);
   }
 };
 
