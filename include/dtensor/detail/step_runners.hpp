@@ -662,6 +662,29 @@ void reduce_with_runs(const Ops& ops, DType dtype, std::byte* out,
   }
 }
 
+// out = the reduction, in order, of `parts` (each laid out as the box `piece`), part `own` read
+// from this rank's block `cur` (box `have`): copied into `band` `band_rows` rows of `piece` at a
+// time, each band reduced from there.
+template <class Ops>
+void reduce_own_in_bands(const Ops& ops, DType dtype, std::byte* out,
+                         const std::vector<const void*>& parts, std::size_t own,
+                         const std::byte* cur, const Box& have, const Box& piece, std::byte* band,
+                         std::int64_t band_rows, std::size_t elem, ReduceOp op) {
+  const std::int64_t rows = piece.shape[0];
+  const std::size_t row_bytes = bytes_of(piece, elem) / static_cast<std::size_t>(rows);
+  std::vector<const void*> at_band(parts.size());
+  for (std::int64_t r = 0; r < rows; r += band_rows) {
+    Box b = piece;
+    b.offset[0] += r;
+    b.shape[0] = std::min(band_rows, rows - r);
+    copy_piece(ops, cur, have, band, b, b, elem);
+    const std::size_t at = static_cast<std::size_t>(r) * row_bytes;
+    for (std::size_t j = 0; j < parts.size(); ++j)
+      at_band[j] = j == own ? band : static_cast<const std::byte*>(parts[j]) + at;
+    ops.reduce(dtype, out + at, at_band, bytes_of(b, elem) / elem, op);
+  }
+}
+
 // out = the reduction, in order, of `parts`, each one run per row of `runs`: part j at
 // parts[j] + row * runs.stride_bytes where strided[j], else contiguous (each run one row).
 template <class Ops>
@@ -821,19 +844,8 @@ Task<std::size_t> run_exchange_reduce(L link, const Ops& ops, const StepContext&
   if (own_bytes == 0 || w.accumulates || w.packs) co_return b.allocated();
   auto own_part = static_cast<std::size_t>(me);
   if (w.own_in_bands) {  // parts in group order, the own one a band at a time in `b.send`
-    const std::int64_t rows = c.want.shape[0];
-    const std::size_t row_bytes = own_bytes / static_cast<std::size_t>(rows);
-    std::vector<const void*> band_parts(parts.size());
-    for (std::int64_t r = 0; r < rows; r += w.band_rows) {
-      Box band = c.want;
-      band.offset[0] += r;
-      band.shape[0] = std::min(w.band_rows, rows - r);
-      copy_piece(ops, cur, c.have, b.send, band, band, c.elem);
-      const std::size_t at = static_cast<std::size_t>(r) * row_bytes;
-      for (std::size_t j = 0; j < parts.size(); ++j)
-        band_parts[j] = j == own_part ? b.send : static_cast<const std::byte*>(parts[j]) + at;
-      ops.reduce(dtype, out + at, band_parts, bytes_of(band, c.elem) / c.elem, op);
-    }
+    reduce_own_in_bands(ops, dtype, out, parts, own_part, cur, c.have, c.want, b.send, w.band_rows,
+                        c.elem, op);
     co_return b.allocated();
   }
   if (w.rotated) {  // round order: part p is member me-p's
@@ -1533,10 +1545,10 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // sends each part from where it lies, one run of the block; the first slot then spans
 // `reduced_box`, the box of whole rows around this member's run (one run of the block too), with
 // the run `lead` bytes into it, so that the second round finds every piece of the part where it
-// lies in that box. A group that
-// cuts by elements with another tensor dim outermost (GroupParts::outer) packs each part's boxes
-// (`boxes`) one after another, every member alike; the reduced part, packed so in the first slot,
-// is then laid out in `reduced_box` (the whole columns around it) after the slots. In rounds
+// lies in that box. A group that cuts by elements with another tensor dim outermost
+// (GroupParts::outer) packs each part's boxes (`boxes`) one after another, every member alike;
+// the reduced part, packed so in the first slot, is then laid out in `reduced_box` (the whole
+// columns around it) after the slots. In rounds
 // (reduces_parts_in_rounds) two slots: the reduced part and the one each partial comes into.
 // The first round's packed partials and its slots but the first (in this order, the first
 // round's bytes) are dead once the part is reduced, before the second round writes the target:
@@ -1572,10 +1584,9 @@ struct ReducingExchangeWay : Staging {
   // packed runs, the box; the send staging the first round's bytes not in the target, then,
   // once they are dead, the second round's packed pieces and after them its staged ones.
   std::size_t first_round_rest = 0;
-  std::size_t deliver_send_at = 0, deliver_recv_at = 0;
+  std::size_t deliver_recv_at = 0;  // in the send staging, after the second round's sends
 
   void size_staging(std::size_t slots_bytes) {
-    deliver_send_at = 0;
     deliver_recv_at = deliver.send;
     send = std::max(first_round_rest, deliver.send + deliver.recv);
     recv = slots_bytes;
@@ -1870,8 +1881,8 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   std::byte* reduced = b.recv + w.lead;
   if (w.rounds) {
     co_await reduce_parts_in_rounds(link, ops, c, w, cur, out, b.send, reduced);
-    co_await move_pieces(link, ops, w.deliver, reduced, w.reduced_box, out, c.want,
-                         b.send + w.deliver_send_at, b.send + w.deliver_recv_at, c.elem);
+    co_await move_pieces(link, ops, w.deliver, reduced, w.reduced_box, out, c.want, b.send,
+                         b.send + w.deliver_recv_at, c.elem);
     co_return b.allocated();
   }
   Messages m;
@@ -1904,20 +1915,8 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
   const DType dtype = c.plan.src().dtype();
   if (w.part_bytes == 0) {
   } else if (w.own_in_bands) {
-    const Box& part = w.parts[me];
-    const std::size_t row_bytes = w.part_bytes / static_cast<std::size_t>(part.shape[0]);
-    std::byte* const band = out + w.band_at;
-    std::vector<const void*> rows(partials.size());
-    for (std::int64_t r = 0; r < part.shape[0]; r += w.band_rows) {
-      Box b = part;
-      b.offset[0] += r;
-      b.shape[0] = std::min(w.band_rows, part.shape[0] - r);
-      copy_piece(ops, cur, c.have, band, b, b, c.elem);
-      const std::size_t at = static_cast<std::size_t>(r) * row_bytes;
-      for (std::size_t j = 0; j < partials.size(); ++j)
-        rows[j] = j == me ? band : static_cast<const std::byte*>(partials[j]) + at;
-      ops.reduce(dtype, reduced + at, rows, bytes_of(b, c.elem) / c.elem, w.op);
-    }
+    reduce_own_in_bands(ops, dtype, reduced, partials, me, cur, c.have, w.parts[me],
+                        out + w.band_at, w.band_rows, c.elem, w.op);
   } else if (own_in_place && w.where[me].runs.rows > 1) {
     reduce_with_runs(ops, dtype, reduced, partials, me, cur + w.where[me].offset, w.where[me].runs,
                      c.elem, w.op);
@@ -1932,8 +1931,8 @@ Task<std::size_t> run_reducing_exchange(L link, const Ops& ops, const StepContex
       from += bytes_of(piece, c.elem);
     }
   }
-  co_await move_pieces(link, ops, w.deliver, box, w.reduced_box, out, c.want,
-                       b.send + w.deliver_send_at, b.send + w.deliver_recv_at, c.elem);
+  co_await move_pieces(link, ops, w.deliver, box, w.reduced_box, out, c.want, b.send,
+                       b.send + w.deliver_recv_at, c.elem);
   co_return b.allocated();
 }
 
