@@ -1371,6 +1371,130 @@ TEST_CASE("the shifts of a step's rounds are decided once per process", "[execut
   for (const std::vector<int>& a : answers) CHECK(a == all);
 }
 
+TEST_CASE("under Memory::bounded, an exchange whose rounds stage past the larger end runs in bands",
+          "[execute][memory]") {
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  // (S(1), P) -> (R, S(1)) on 2x2, 1023x2046 f32: a reduce-scatter into column pieces of 1023 and
+  // 1022, then an exchange that gathers every rank's target columns. Rank 2 keeps its 1023
+  // columns' block (2,095,104 B) in scratch while it receives rank 0's, packed: one piece per
+  // round is 2,095,104 B, past its 4,186,116 B blocks. Each round moves its pieces in two bands
+  // of rows, both sides cutting a piece alike: half the staging.
+  const DeviceMesh mesh({2, 2});
+  const Layout src(mesh, parse_placements("S(1),P"), {1023, 2046});
+  const Layout dst(mesh, parse_placements("R,S(1)"), {1023, 2046});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 2);
+  REQUIRE(plan[1].kind == StepKind::exchange);
+  const std::vector<int> shifts = detail::exchange_shifts(plan, plan[1], packs);
+  CHECK(shifts == std::vector<int>{1, 2, 3});
+  CHECK(detail::exchange_bands(plan, plan[1], packs) == 2);
+  const MeshCoord two = mesh.coordinate(2);
+  detail::ExchangeWay rounds = detail::exchange_pieces(plan, plan[1], two, false);
+  detail::stage_in_rounds(rounds, shifts, mesh, two, 4);
+  const std::int64_t block = src.local_box(plan[1].before, two).numel() * 4;
+  CHECK(block == 1023 * 512 * 4);
+  const std::int64_t ends = std::max(src.local_bytes(2), dst.local_bytes(2));
+  CHECK(block + static_cast<std::int64_t>(rounds.send + rounds.recv) > ends);
+  const detail::ExchangeWay banded =
+      detail::exchange_way(detail::step_context(plan, 1, two, false), packs);
+  CHECK(banded.bands == 2);
+  CHECK(banded.recv == 512 * 512 * 4);  // 512 of the 1023 rows of rank 0's 512 columns
+  // A strided link stages nothing: one round, no bands.
+  CHECK(detail::exchange_shifts(plan, plan[1], detail::abilities_of<detail::Link<SimulatedBackend>>)
+            .empty());
+  CHECK(detail::link_operations(plan, packs) == 1 + 3 * 2);
+  const auto [strided, packed] = run_strided_and_packed(plan);
+  CHECK(packed.collectives == 1 + 3 * 2);  // a reduce-scatter, then 6 rounds
+  check_within_ends(packed, src, dst);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 3'143'680);
+  run_async_packed(plan);
+
+  // (P, S(1)) -> (S(1), S(0)) on 2x4, 7x10 f32: its exchange's pieces are a few elements of rows
+  // and columns, packed; in bands of one row each lies in place.
+  const Layout psrc(DeviceMesh({2, 4}), parse_placements("P,S(1)"), {7, 10});
+  const Layout pdst(DeviceMesh({2, 4}), parse_placements("S(1),S(0)"), {7, 10});
+  const Plan small = plan_redistribute(psrc, pdst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(small));
+  REQUIRE(small.size() == 2);
+  REQUIRE(small[1].kind == StepKind::exchange);
+  CHECK(detail::exchange_bands(small, small[1], packs) == 2);
+  CHECK(detail::link_operations(small, packs) == 1 + 7 * 2);
+  check_within_ends(run_strided_and_packed(small).second, psrc, pdst);
+  run_async_packed(small);
+
+  // The delivery of an exchange from a Partial alike: (P, S(0)) -> (R, S(1)) on 2x2, 7x10 f32,
+  // fewest bytes, reduces each pair's rows, then delivers them in 3 rounds. Rank 3 packs 60 B
+  // of rows to send in one round beside the 84 B its reduction stages: 144 B, past its 140 B
+  // target. In two bands per round it packs 40 B: 124 B.
+  const Layout rsrc(mesh, parse_placements("P,S(0)"), {7, 10});
+  const Layout rdst(mesh, parse_placements("R,S(1)"), {7, 10});
+  const Plan reducing = plan_redistribute(
+      rsrc, rdst, PlanOptions{.objective = Objective::bytes, .memory = Memory::bounded});
+  INFO(explain(reducing));
+  REQUIRE(reducing.size() == 1);
+  REQUIRE(detail::exchange_reduces(reducing[0].before, reducing[0].after));
+  const MeshCoord three = mesh.coordinate(3);
+  const detail::StepContext at_three = detail::step_context(reducing, 0, three, false);
+  const std::vector<int> deliveries = detail::delivery_shifts(at_three, packs);
+  CHECK(deliveries.size() == 3);
+  CHECK(detail::delivery_bands(at_three, packs) == 2);
+  detail::ReducingExchangeWay one_band = detail::reducing_exchange_pieces(at_three, packs);
+  detail::stage_in_rounds(one_band.deliver, deliveries, mesh, three, 4);
+  one_band.size_staging(one_band.recv);
+  CHECK(one_band.allocated() == 144);
+  CHECK(detail::reducing_exchange_way(at_three, packs).allocated() == 124);
+  CHECK(detail::link_operations(reducing, packs) == 1 + 3 * 2);
+  check_within_ends(run_strided_and_packed(reducing).second, rsrc, rdst);
+  run_async_packed(reducing);
+}
+
+TEST_CASE("every bounded plan whose exchange runs its rounds in bands runs as planned",
+          "[execute][memory]") {
+  // The pairs of the matrix on 2x2 and 2x4 whose exchange, or exchange from a Partial's
+  // delivery, runs its rounds in bands on a packing backend: the same bits packed as strided,
+  // bytes and scratch as planned, and through execute_async.
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  const int banded = run_selected_plans(Sweep{}, [&](const Plan& q) {
+    return on_some_rank(q, StepKind::exchange, [&](std::size_t i, const MeshCoord& me) {
+      return detail::exchange_reduces(q[i].before, q[i].after)
+                 ? detail::delivery_bands(detail::step_context(q, i, me, false), packs) > 1
+                 : detail::exchange_bands(q, q[i], packs) > 1;
+    });
+  });
+  fmt::print("exchange bands: {} bounded plans on 2x2 and 2x4\n", banded);
+  CHECK(banded >= (testing::exhaustive_stride() == 1 ? 10 : 1));
+}
+
+TEST_CASE("an exchange from a Partial in rounds packs its partials in its own round",
+          "[execute][memory]") {
+  // (S(0), P) -> (S(1), S(1)) on 2x4, 7x10 f32, fewest bytes, bounded: one exchange from a
+  // Partial whose groups of 4 reduce their parts in 4 rounds, one per member. Rank 2 packs its
+  // partials of the 3 other members' column parts (112 B), which go out in its own round, and
+  // receives each other round's partial into a slot of 48 B: packed in its round, they lie under
+  // that slot, 112 B where both side by side took 160 B, past its 160 B blocks with the 48 B
+  // reduced part.
+  const DeviceMesh mesh({2, 4});
+  const Layout src(mesh, parse_placements("S(0),P"), {7, 10});
+  const Layout dst(mesh, parse_placements("S(1),S(1)"), {7, 10});
+  const Plan plan = plan_redistribute(
+      src, dst, PlanOptions{.objective = Objective::bytes, .memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 1);
+  REQUIRE(detail::exchange_reduces(plan[0].before, plan[0].after));
+  constexpr auto packs = detail::abilities_of<detail::Link<PackingBackend>>;
+  const detail::ReducingExchangeWay w = detail::reducing_exchange_way(
+      detail::step_context(plan, 0, mesh.coordinate(2), false), packs);
+  CHECK(w.rounds);
+  CHECK(w.packed == 112);
+  CHECK(w.part_bytes == 48);
+  CHECK(w.send == 112);
+  CHECK(w.recv == 48);
+  CHECK(workspace_bytes<PackingBackend>(plan) == 160);
+  check_within_ends(run_strided_and_packed(plan).second, src, dst);
+  run_async_packed(plan);
+}
+
 TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs one per round",
           "[execute][memory]") {
   // P -> S(1) on 4 ranks, 7x10 f32: column pieces of 3, 3, 3 and 1, reduced by point-to-point
@@ -1468,6 +1592,26 @@ TEST_CASE("an all-to-all that packs past the larger end runs by peers or receive
   check_within_ends(run_strided_and_packed(plan).second, src, dst);
   run_async_packed(plan);
 
+  // (S(0), R) -> (S(1), S(0)) on 2x4, 8x16 f32: an all-to-all over a pair into an 8x8 block in
+  // scratch (256 B, the larger end), then a chunk of its rows. The piece it sends is 4 rows of
+  // 8 columns of the source, packed; the piece it receives, 4 whole rows of the block. The own
+  // piece's 4 rows of the block stage the packed piece, and are copied after the round: 256 B,
+  // where a slot beside the block took 384 B.
+  const Layout osrc(mesh, parse_placements("S(0),R"), {8, 16});
+  const Layout odst(mesh, parse_placements("S(1),S(0)"), {8, 16});
+  const Plan own_slab = plan_redistribute(osrc, odst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(own_slab));
+  REQUIRE(own_slab.size() == 2);
+  REQUIRE(own_slab[0].kind == StepKind::all_to_all);
+  CHECK(detail::all_to_all_by_peers(own_slab, own_slab[0], packs));
+  const detail::AllToAllWay sends =
+      detail::all_to_all_way(detail::step_context(own_slab, 0, MeshCoord{0, 0}, false), packs);
+  CHECK(sends.send_in_own_slab);
+  CHECK(sends.allocated() == 0);
+  CHECK(workspace_bytes<PackingBackend>(own_slab) == 256);
+  check_within_ends(run_strided_and_packed(own_slab).second, osrc, odst);
+  run_async_packed(own_slab);
+
   // (S(0), S(1)) -> (R, S(0)) on 2x4 all-gathers rows into an 8x4 block in scratch (128 B, the
   // larger end), then all-to-alls its row pieces into column pieces of the 2x16 target. One call
   // stages the 4 received pieces (128 B) beside the block; by peers, each piece is received into
@@ -1516,12 +1660,15 @@ TEST_CASE("an all-to-all that packs past the larger end runs by peers or receive
   check_within_ends(run_strided_and_packed(exact).second, psrc, pdst);
   run_async_packed(exact);
 
-  // By peers in place: (S(0), S(0), R) -> (S(1), P, P) on 2x2x2 runs its all-to-all on the
-  // scratch of the block before, every piece packed out of it first.
+  // By peers in place: (R, S(1), R) -> (S(2), S(2), S(1)) on 2x2x2, 4x8x8 f32 runs an
+  // all-to-all whose pieces are slabs of neither its block nor its target on the scratch of the
+  // block before, every piece packed out of it first (where its pieces are slabs of one of them,
+  // a block of its own holds no more).
   const DeviceMesh cube({2, 2, 2});
-  const Plan in_place = plan_redistribute(Layout(cube, parse_placements("S(0),S(0),R"), {8, 16}),
-                                          Layout(cube, parse_placements("S(1),P,P"), {8, 16}),
-                                          PlanOptions{.memory = Memory::bounded});
+  const Plan in_place =
+      plan_redistribute(Layout(cube, parse_placements("R,S(1),R"), {4, 8, 8}),
+                        Layout(cube, parse_placements("S(2),S(2),S(1)"), {4, 8, 8}),
+                        PlanOptions{.memory = Memory::bounded});
   INFO(explain(in_place));
   std::uint32_t a2a = 0;
   for (std::size_t i = 0; i < in_place.size(); ++i)

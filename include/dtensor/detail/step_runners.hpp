@@ -529,7 +529,9 @@ inline int reduces_parts_in_rounds(const Plan& plan, const Step& step, LinkAbili
 }
 
 inline std::vector<int> exchange_shifts(const Plan& plan, const Step& step, LinkAbilities a);
+inline int exchange_bands(const Plan& plan, const Step& step, LinkAbilities a);
 inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a);
+inline int delivery_bands(const StepContext& c, LinkAbilities a);
 inline StepContext context_at(const Plan& plan, const Step& step, const MeshCoord& me);
 inline bool all_to_all_by_peers(const Plan& plan, const Step& step, LinkAbilities a);
 
@@ -538,7 +540,8 @@ inline bool all_to_all_by_peers(const Plan& plan, const Step& step, LinkAbilitie
 // rounds, reduces_parts_in_rounds) and for an all-reduce by messages (all_reduces_by_messages:
 // a reduce-scatter then an all-gather), g - 1 for a reduce-scatter in rounds
 // (reduces_in_rounds) and for an all-to-all by peers (all_to_all_by_peers), one per shift for an
-// exchange in rounds (exchange_shifts).
+// exchange or a delivery in rounds (exchange_shifts, delivery_shifts), times its bands
+// (exchange_bands, delivery_bands).
 inline int link_operations(const Plan& plan, LinkAbilities a) {
   int n = 0;
   for (const Step& s : plan) {
@@ -546,10 +549,11 @@ inline int link_operations(const Plan& plan, LinkAbilities a) {
     if (s.kind == StepKind::exchange && exchange_reduces(s.before, s.after)) {
       const int parts = reduces_parts_in_rounds(plan, s, a);
       const MeshCoord origin(static_cast<std::size_t>(plan.src().mesh().ndim()), 0);
-      const auto shifts = static_cast<int>(delivery_shifts(context_at(plan, s, origin), a).size());
-      n += (parts > 0 ? parts : 1) + (shifts > 0 ? shifts : 1);
+      const StepContext c = context_at(plan, s, origin);
+      const auto shifts = static_cast<int>(delivery_shifts(c, a).size());
+      n += (parts > 0 ? parts : 1) + (shifts > 0 ? shifts * delivery_bands(c, a) : 1);
     } else if (const std::size_t shifts = exchange_shifts(plan, s, a).size(); shifts > 0)
-      n += static_cast<int>(shifts);
+      n += static_cast<int>(shifts) * exchange_bands(plan, s, a);
     else if (s.kind == StepKind::all_reduce && reduces_at_least(plan, s, a.reduce_messages_from))
       n += 2;
     else if (reduces_in_rounds(plan, s, a, [&] { return step_is_even(plan, s); }) ||
@@ -978,6 +982,9 @@ struct AllToAllWay : Staging {
   // and unpacked from there.
   bool by_peers = false;
   bool into_slots = false;
+  // By peers, the pieces slabs of the target but not of the block: each piece sent is packed into
+  // the own piece's slab of the target, which is copied there after the rounds.
+  bool send_in_own_slab = false;
   // Exact: the member whose piece is received into the own piece's slab of the block (-1: none).
   int into_own_slab = -1;
   std::vector<std::size_t> send_at, recv_at;  // exact: where the pieces are packed and staged
@@ -1053,7 +1060,8 @@ inline AllToAllWay all_to_all_way_in_one_call(const StepContext& c, LinkAbilitie
 
 // How an all-to-all moves its pieces on this rank: by peers where all_to_all_by_peers says (an
 // even step, not in bands), one piece each way at a time, sent where it lies (a slab of the
-// block) or packed into one slot, received where it goes (a slab of the target), into the own
+// block) or packed into one slot (the own piece's slab of the target where the pieces are slabs
+// of it, the own piece copied last), received where it goes (a slab of the target), into the own
 // piece's slab of the block (which may be overwritten, its pieces slabs, the own piece copied
 // out first) or into one slot; in place, every piece packed out of the block first. Otherwise
 // in one call (all_to_all_way_in_one_call).
@@ -1064,15 +1072,17 @@ inline AllToAllWay all_to_all_way(const StepContext& c, LinkAbilities a, bool in
   w.by_peers = true;
   w.strided_send = w.strided_recv = w.pack_in_target = false;
   w.into_slots = !in_place && c.block_writable && w.direct_send && !w.direct_recv;
-  w.send = in_place ? w.piece_bytes * g : w.direct_send ? 0 : w.piece_bytes;
+  w.send_in_own_slab = !in_place && !w.direct_send && w.direct_recv;
+  w.send = in_place ? w.piece_bytes * g : w.direct_send || w.send_in_own_slab ? 0 : w.piece_bytes;
   w.recv = w.direct_recv || w.into_slots ? 0 : w.piece_bytes;
   w.use_spare(c.spare_bytes);
   return w;
 }
 
 // An even all-to-all by peers (AllToAllWay::by_peers): this member's own piece copied from the
-// block to the target, then in round s = 1 .. g-1 member me+s's piece sent and member me-s's
-// received, one message each way, and placed in the target.
+// block to the target (after the rounds where its slab stages the pieces sent), then in round
+// s = 1 .. g-1 member me+s's piece sent and member me-s's received, one message each way, and
+// placed in the target.
 template <class L, class Ops>
 Task<std::size_t> run_all_to_all_by_peers(L link, const Ops& ops, const StepContext& c,
                                           const AllToAllWay& w, const std::byte* cur,
@@ -1095,19 +1105,22 @@ Task<std::size_t> run_all_to_all_by_peers(L link, const Ops& ops, const StepCont
     ops.pack_pieces(cur, c.have.shape, j_dim, g, b.send, c.elem);
     ops.copy_box(b.send + slab(me), w.piece, origin, out, c.want.shape, along(i, me), w.piece,
                  c.elem);
-  } else {
+  }
+  auto copy_own = [&] {
     ops.copy_box(cur, c.have.shape, along(j_dim, me), out, c.want.shape, along(i, me), w.piece,
                  c.elem);
-  }
+  };
+  if (!in_place && !w.send_in_own_slab) copy_own();
   if (bytes == 0) co_return b.allocated();
+  std::byte* const send = w.send_in_own_slab ? out + slab(me) : b.send;
   for (int s = 1; s < g; ++s) {
     const int to = (me + s) % g, from = (me + g - s) % g;
     const std::byte* piece = cur + slab(to);
     if (in_place) {
       piece = b.send + slab(to);
     } else if (!w.direct_send) {
-      ops.copy_box(cur, c.have.shape, along(j_dim, to), b.send, w.piece, origin, w.piece, c.elem);
-      piece = b.send;
+      ops.copy_box(cur, c.have.shape, along(j_dim, to), send, w.piece, origin, w.piece, c.elem);
+      piece = send;
     }
     std::byte* into = b.recv;
     if (w.direct_recv)
@@ -1123,6 +1136,7 @@ Task<std::size_t> run_all_to_all_by_peers(L link, const Ops& ops, const StepCont
     if (!w.direct_recv)
       ops.copy_box(into, w.piece, origin, out, c.want.shape, along(i, from), w.piece, c.elem);
   }
+  if (w.send_in_own_slab) copy_own();
   co_return b.allocated();
 }
 
@@ -1325,6 +1339,11 @@ struct ExchangeWay : Staging {
   std::vector<Piece> outgoing, incoming;
   std::vector<Box> own;
   std::vector<Round> rounds;  // empty: one round
+  // Each round in `bands` parts (exchange_bands): part k moves band k of every piece of the
+  // round (exchange_band), staged from the start of the buffers; the staging is the largest
+  // part's.
+  int bands = 1;
+  bool strided = false;  // the link moves strided messages: pieces of runs of one stride in place
   // The staging that spare room does not take lies in this rank's largest own piece that is a
   // slab of its target, `own_room_at` bytes into it (own pieces copied after the rounds).
   bool own_room = false;
@@ -1355,6 +1374,7 @@ inline ExchangeWay exchange_pieces(const Plan& plan, const Step& step, const Mes
   const auto elem = static_cast<std::size_t>(base.elem_bytes());
   const Box have = base.local_box(step.before, me), want = base.local_box(step.after, me);
   ExchangeWay w;
+  w.strided = strided;
   for_each_exchange_target(
       base, step.before, step.after, me, [&](const MeshCoord& receiver, const Box& piece) {
         if (receiver == me) return;
@@ -1465,33 +1485,201 @@ inline void stage_in_rounds(ExchangeWay& w, const std::vector<int>& shifts, cons
   }
 }
 
+// Band k of `bands` of an exchange's piece (ExchangeWay::bands): its rows along its outermost
+// dim of extent over 1, cut as evenly as they go; every rank cuts a piece alike.
+inline Box exchange_band(const Box& piece, int k, int bands) {
+  Box b = piece;
+  std::size_t d = 0;
+  while (d + 1 < piece.shape.size() && piece.shape[d] == 1) ++d;
+  const std::int64_t rows = piece.shape[d];
+  const std::int64_t start = rows * k / bands, end = rows * (k + 1) / bands;
+  b.offset[d] += start;
+  b.shape[d] = end - start;
+  return b;
+}
+
+// The part of round `round` of the exchange pieces `w` that moves band k of each of its pieces
+// (exchange_band), none where the band is empty: each where it lies in the block `have` (sent)
+// or the target `want` (received) as exchange_piece finds it, else staged from the start of
+// the buffers.
+inline ExchangeWay band_round(const ExchangeWay& w, const ExchangeWay::Round& round, int k,
+                              const Box& have, const Box& want, std::size_t elem) {
+  ExchangeWay b;
+  for (const ExchangeWay::Piece& p : w.outgoing)
+    if (p.peer == round.to)
+      if (const Box x = exchange_band(p.box, k, w.bands); !x.empty())
+        b.outgoing.push_back(exchange_piece(p.peer, x, have, elem, w.strided, b.send));
+  for (const ExchangeWay::Piece& p : w.incoming)
+    if (p.peer == round.from)
+      if (const Box x = exchange_band(p.box, k, w.bands); !x.empty())
+        b.incoming.push_back(exchange_piece(p.peer, x, want, elem, w.strided, b.recv));
+  return b;
+}
+
+// Sizes the staging of the exchange pieces `w`, in rounds, for `bands` parts of each round: the
+// largest part's staging on each side.
+inline void stage_in_bands(ExchangeWay& w, int bands, const Box& have, const Box& want,
+                           std::size_t elem) {
+  w.bands = bands;
+  if (bands == 1) return;
+  w.send = w.recv = 0;
+  for (const ExchangeWay::Round& r : w.rounds)
+    for (int k = 0; k < bands; ++k) {
+      const ExchangeWay part = band_round(w, r, k, have, want, elem);
+      w.send = std::max(w.send, part.send);
+      w.recv = std::max(w.recv, part.recv);
+    }
+}
+
+// The outermost extent over 1 of the largest piece of the exchange pieces `w`: bands past it
+// stage no less.
+inline int most_bands(const ExchangeWay& w) {
+  std::int64_t most = 1;
+  auto rows = [](const Box& b) {
+    std::size_t d = 0;
+    while (d + 1 < b.shape.size() && b.shape[d] == 1) ++d;
+    return b.shape[d];
+  };
+  for (const ExchangeWay::Piece& p : w.outgoing) most = std::max(most, rows(p.box));
+  for (const ExchangeWay::Piece& p : w.incoming) most = std::max(most, rows(p.box));
+  return static_cast<int>(std::min<std::int64_t>(most, std::numeric_limits<int>::max()));
+}
+
+// The largest of an exchange's own pieces (`w`) that is a slab of its target `want`: its bytes
+// and where it starts there (ExchangeWay::own_room).
+struct OwnRoom {
+  std::size_t bytes = 0, at = 0;
+};
+inline OwnRoom own_room_of(const ExchangeWay& w, const Box& want, std::size_t elem) {
+  OwnRoom room;
+  for (const Box& piece : w.own)
+    if (const std::size_t bytes = bytes_of(piece, elem);
+        bytes > room.bytes && contiguous_in(piece, want))
+      room = {bytes, slab_offset(piece, want, elem)};
+  return room;
+}
+
+// The most bands a round of an exchange takes (bands_within_bound): each is one more call, whose
+// latency the plan's estimated time does not count; past this many, the memory bound gives way.
+inline constexpr int max_exchange_bands = 8;
+
+// What decides an exchange's bands besides its plan and step (RoundShiftsMemo's key; the
+// answer is remembered as a one-element vector): the link's abilities, and whether the rounds
+// are an exchange's or a delivery's (delivery_bands).
+struct BandsKey {
+  LinkAbilities abilities;
+  bool delivery = false;
+
+  friend constexpr bool operator==(const BandsKey&, const BandsKey&) noexcept = default;
+};
+
+// One rank's exchange pieces in rounds, as bands_within_bound weighs them: the pieces (staged in
+// rounds, stage_in_rounds), the blocks they are sent from and received into, and the rank's
+// whole staging for theirs: max(floor, what they allocate beside `inside` bytes of room in the
+// target) + extra.
+struct RoundsAtRank {
+  ExchangeWay pieces;
+  Box from, into;
+  std::size_t floor = 0, extra = 0, inside = 0;
+};
+
+// The bands of each round of an exchange's pieces in rounds (ExchangeWay::bands): 1, or where
+// a rank's rounds stage past the larger of its source and target blocks (with the block the
+// step reads and the one it writes, as shifts_past_bound weighs them), the fewest that bring
+// every such rank within it where some number of bands can. `at(me)` is the rank at `me`'s
+// RoundsAtRank. Every rank decides alike: the parts of the rounds meet the mesh.
+template <class At>
+int bands_within_bound(const Plan& plan, const Step& step, At&& at) {
+  const Layout& base = plan.src();
+  const DeviceMesh& mesh = base.mesh();
+  const bool first = step.before == base.placements(), last = step.after == plan.dst().placements();
+  const auto elem = static_cast<std::size_t>(base.elem_bytes());
+  int bands = 1;
+  for (int r = 0; r < mesh.size(); ++r) {
+    const MeshCoord c = mesh.coordinate_at(r);
+    const std::size_t blocks = (first ? 0 : bytes_of(base.local_box(step.before, c), elem)) +
+                               (last ? 0 : bytes_of(base.local_box(step.after, c), elem));
+    const std::size_t ends =
+        std::max(bytes_of(base.local_box(c), elem), bytes_of(plan.dst().local_box(c), elem));
+    const RoundsAtRank x = at(c);
+    if (blocks + x.extra > ends) continue;  // no room even for pieces that lie in place
+    const std::size_t room = ends - blocks;
+    auto staged = [&](int b) {
+      ExchangeWay y = x.pieces;
+      stage_in_bands(y, b, x.from, x.into, elem);
+      y.use_spare(x.inside);
+      return std::max(x.floor, y.allocated()) + x.extra;
+    };
+    const int most = std::min(most_bands(x.pieces), max_exchange_bands);
+    if (staged(bands) <= room || most <= bands || staged(most) > room) continue;
+    // The fewest bands that fit, from an estimate (the pieces' staging shared out), by
+    // bisection: a band's staging shrinks as the bands grow, to rounding (and pieces whose
+    // bands lie in place).
+    const std::size_t pieces = x.pieces.send + x.pieces.recv, share = room - x.extra;
+    int low = bands, b = most;  // low stages past room, b fits
+    if (share > 0 && pieces / share + 1 < static_cast<std::size_t>(most)) {
+      const int guess = std::max(bands + 1, static_cast<int>((pieces + share - 1) / share));
+      if (staged(guess) <= room)
+        b = guess;
+      else
+        low = guess;
+    }
+    while (b - low > 1) {
+      const int mid = low + (b - low) / 2;
+      if (staged(mid) <= room)
+        b = mid;
+      else
+        low = mid;
+    }
+    bands = b;
+  }
+  return bands;
+}
+
+// The bands of each round of an exchange in rounds (exchange_shifts; bands_within_bound).
+inline int exchange_bands(const Plan& plan, const Step& step, LinkAbilities a) {
+  const std::vector<int> shifts = exchange_shifts(plan, step, a);
+  if (shifts.empty()) return 1;
+  return round_shifts_memo<BandsKey>()
+      .get(plan, step, BandsKey{a, false},
+           [&] {
+             const DeviceMesh& mesh = plan.src().mesh();
+             return std::vector<int>{bands_within_bound(plan, step, [&](const MeshCoord& c) {
+               RoundsAtRank x{exchange_pieces(plan, step, c, a.strided_exchange),
+                              plan.src().local_box(step.before, c),
+                              plan.src().local_box(step.after, c)};
+               const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
+               stage_in_rounds(x.pieces, shifts, mesh, c, elem);
+               x.inside = own_room_of(x.pieces, x.into, elem).bytes;
+               return x;
+             })};
+           })
+      .front();
+}
+
 inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
   ExchangeWay w = exchange_pieces(c.plan, c.step, c.me, a.strided_exchange);
   if (!c.messages)
-    if (const std::vector<int> shifts = exchange_shifts(c.plan, c.step, a); !shifts.empty())
+    if (const std::vector<int> shifts = exchange_shifts(c.plan, c.step, a); !shifts.empty()) {
       stage_in_rounds(w, shifts, c.plan.src().mesh(), c.me, c.elem);
+      stage_in_bands(w, exchange_bands(c.plan, c.step, a), c.have, c.want, c.elem);
+    }
   w.use_spare(c.spare_bytes);
   // On a bounded plan, the region of the target that this rank's own piece fills is free until
   // that piece is copied: copied after the rounds, its largest slab of the target holds what
   // staging it can (the pieces received go elsewhere in the target).
   if (!c.plan.memory_bounded() || w.allocated() == 0) return w;
-  std::size_t room = 0, at = 0;
-  for (const Box& piece : w.own)
-    if (const std::size_t bytes = bytes_of(piece, c.elem);
-        bytes > room && contiguous_in(piece, c.want)) {
-      room = bytes;
-      at = slab_offset(piece, c.want, c.elem);
-    }
+  const OwnRoom room = own_room_of(w, c.want, c.elem);
   Staging in_own;
   in_own.send = w.send;
   in_own.recv = w.recv;
   in_own.send_zeroed = w.send_zeroed;
-  in_own.use_spare(room);
+  in_own.use_spare(room.bytes);
   if (in_own.allocated() < w.allocated()) {
     w.send_spare = in_own.send_spare;
     w.recv_spare = in_own.recv_spare;
     w.own_room = true;
-    w.own_room_at = at;
+    w.own_room_at = room.at;
   }
   return w;
 }
@@ -1528,8 +1716,13 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
     for (const Box& piece : w.own) copy_piece(ops, from, from_box, out, want, piece, elem);
   if (w.rounds.empty())
     co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, -1, -1);
-  for (const ExchangeWay::Round& r : w.rounds)
-    co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, r.to, r.from);
+  for (const ExchangeWay::Round& r : w.rounds) {
+    if (w.bands == 1)
+      co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, r.to, r.from);
+    for (int k = 0; k < w.bands && w.bands > 1; ++k)
+      co_await move_round(link, ops, band_round(w, r, k, from_box, want, elem), from, from_box, out,
+                          want, send, recv, elem, -1, -1);
+  }
   if (w.own_room)
     for (const Box& piece : w.own) copy_piece(ops, from, from_box, out, want, piece, elem);
 }
@@ -1549,7 +1742,8 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
 // (GroupParts::outer) packs each part's boxes (`boxes`) one after another, every member alike;
 // the reduced part, packed so in the first slot, is then laid out in `reduced_box` (the whole
 // columns around it) after the slots. In rounds
-// (reduces_parts_in_rounds) two slots: the reduced part and the one each partial comes into.
+// (reduces_parts_in_rounds) two slots: the reduced part and the one each partial comes into,
+// which lies over the packed partials (packed in the member's own round, dead after it).
 // The first round's packed partials and its slots but the first (in this order, the first
 // round's bytes) are dead once the part is reduced, before the second round writes the target:
 // as many of them as fit lie in the step's target block (`first_round_in_target` bytes), the
@@ -1574,7 +1768,8 @@ struct ReducingExchangeWay : Staging {
   Box reduced_box;               // how the reduced part lies in the receive staging
   std::size_t box_at = 0;        // where that box starts there (packed runs: after the slots)
   std::size_t lead = 0;          // where the part starts in the first slot
-  std::size_t packed = 0;        // the first round's packed partials (its slots after them)
+  std::size_t packed = 0;        // the first round's packed partials (its slots after them,
+                                 // in rounds its slot over them)
   std::size_t first_round_in_target = 0;
   bool own_in_bands = false;
   std::size_t band_at = 0;
@@ -1693,6 +1888,7 @@ inline ReducingExchangeWay reducing_exchange_pieces(const StepContext& c, LinkAb
   w.rounds = reduces_parts_in_rounds(c.plan, c.step, a) > 0;
   // In rounds: the reduced part and one slot for each part as it comes.
   w.slots = w.rounds ? 2 : w.parts.size() - (w.own_in_place ? 1 : 0);
+  w.deliver.strided = a.strided_exchange;
   for_each_owned_target(
       base, before, after, gp.part_boxes(w.me), c.me,
       [&](const MeshCoord& receiver, const Box& piece) {
@@ -1755,6 +1951,22 @@ inline ReducingExchangeWay reducing_exchange_pieces(const StepContext& c, LinkAb
     }
   }
   w.first_round_rest = packed + later_slots - w.first_round_in_target;
+  // In rounds a member packs its partials of the other parts in its own round, and they are
+  // dead after it, while its slot takes a partial in every other round: the slot lies over
+  // them, from the first round's first byte. The longest run from the start of whole pieces
+  // (the partials, and the slot) that fits lies in the target.
+  if (w.rounds) {
+    const std::size_t bytes = std::max(packed, w.part_bytes);
+    std::size_t in_target = bytes <= room ? bytes : 0;
+    for (std::size_t j = 0; j < w.parts.size() && bytes > room; ++j) {
+      if (j == me || w.in_place[j] || w.parts[j].empty()) continue;
+      const std::size_t end = w.where[j].offset + w.where[j].runs.piece_bytes();
+      if (end > room) break;
+      if (end >= w.part_bytes) in_target = end;
+    }
+    w.first_round_in_target = in_target;
+    w.first_round_rest = bytes - in_target;
+  }
   // The first slot spans the reduced box (by elements, up to a row more than the part), else
   // (packed runs) holds the packed part, the box after it. The slots but the first are in the
   // first round's bytes.
@@ -1771,6 +1983,7 @@ inline ReducingExchangeWay reducing_exchange_way(const StepContext& c, LinkAbili
   if (!c.messages)
     if (const std::vector<int> shifts = delivery_shifts(c, a); !shifts.empty()) {
       stage_in_rounds(w.deliver, shifts, c.plan.src().mesh(), c.me, c.elem);
+      stage_in_bands(w.deliver, delivery_bands(c, a), w.reduced_box, c.want, c.elem);
       w.size_staging(w.recv);
     }
   w.use_spare(c.spare_bytes);
@@ -1820,11 +2033,31 @@ inline std::vector<int> delivery_shifts(const StepContext& c, LinkAbilities a) {
   });
 }
 
+// The bands of each round of the delivery of an exchange from a Partial in rounds
+// (delivery_shifts; bands_within_bound), weighing the whole step's staging.
+inline int delivery_bands(const StepContext& c, LinkAbilities a) {
+  const std::vector<int> shifts = delivery_shifts(c, a);
+  if (shifts.empty()) return 1;
+  return round_shifts_memo<BandsKey>()
+      .get(c.plan, c.step, BandsKey{a, true},
+           [&] {
+             return std::vector<int>{bands_within_bound(c.plan, c.step, [&](const MeshCoord& me) {
+               const StepContext r = at_rank(c, me);
+               ReducingExchangeWay w = reducing_exchange_pieces(r, a);
+               stage_in_rounds(w.deliver, shifts, c.plan.src().mesh(), me, c.elem);
+               return RoundsAtRank{std::move(w.deliver), w.reduced_box, r.want, w.first_round_rest,
+                                   w.recv};
+             })};
+           })
+      .front();
+}
+
 // The first round of an exchange from a Partial as one round per member
 // (reduces_parts_in_rounds): in round t member t sends every other member its partial of that
-// member's part (from where it lies, or packed in the first round's bytes, first_round_at
-// `out` and `send`), and the others receive it into `reduced` (t = 0) or the later slot,
-// folded into `reduced` after the round; member t folds its own.
+// member's part (from where it lies, or packed then in the first round's bytes, first_round_at
+// `out` and `send`), and the others receive it into `reduced` (t = 0) or the later slot (over
+// the packed partials: not yet packed, or dead), folded into `reduced` after the round; member
+// t folds its own.
 template <class L, class Ops>
 Task<void> reduce_parts_in_rounds(L link, const Ops& ops, const StepContext& c,
                                   const ReducingExchangeWay& w, const std::byte* cur,
@@ -1832,13 +2065,13 @@ Task<void> reduce_parts_in_rounds(L link, const Ops& ops, const StepContext& c,
   const auto me = static_cast<std::size_t>(w.me);
   const DType dtype = c.plan.src().dtype();
   const std::size_t count = w.part_bytes / c.elem;
-  std::byte* const slot = w.first_round_at(w.packed, out, send);
-  for (std::size_t j = 0; j < w.parts.size(); ++j)
-    if (j != me && !w.parts[j].empty() && !w.in_place[j])
-      pack_part(ops, w, j, cur, c.have, w.first_round_at(w.where[j].offset, out, send), c.elem);
+  std::byte* const slot = w.first_round_at(0, out, send);
   for (std::size_t t = 0; t < w.parts.size(); ++t) {
     Messages round;
     if (t == me) {
+      for (std::size_t j = 0; j < w.parts.size(); ++j)
+        if (j != me && !w.parts[j].empty() && !w.in_place[j])
+          pack_part(ops, w, j, cur, c.have, w.first_round_at(w.where[j].offset, out, send), c.elem);
       for (std::size_t j = 0; j < w.parts.size(); ++j)
         if (j != me && !w.parts[j].empty())
           round.send(w.peers[j],
