@@ -2454,6 +2454,15 @@ TEST_CASE("reduction bound: message count of merging and spreading each element"
     CHECK(plan_redistribute(layout(m22, "P,S(0)", shape), layout(m22, to, shape), by_bytes)
               .bytes_recv_max() == bytes * eighths / 8);
   }
+  // A kept Partial whose target replicates along no other mesh dim: (P, S(0)) -> (P, S(1)) on
+  // 2x4. A class's target blocks are disjoint, so each element costs a receive in each class
+  // where the rank that holds it in the target lacks it: 3/4 of each rank's block of 16 rows,
+  // which the all-to-all over mesh dim 1 moves; uneven (7x10), 13 elements on the busiest rank.
+  CHECK(bound(m24, "P,S(0)", "P,S(1)") == bytes * 3 / 16);
+  CHECK(plan_redistribute(layout(m24, "P,S(0)", shape), layout(m24, "P,S(1)", shape))
+            .bytes_recv_max() == bytes * 3 / 16);
+  CHECK(lower_bound_bytes_recv_max(layout(m24, "P,S(0)", Shape{7, 10}),
+                                   layout(m24, "P,S(1)", Shape{7, 10})) == 13 * 4);
   // Uneven: 70 elements on 4 ranks, 105 messages each; the ring's pieces (18, 18, 17, 17)
   // give its busiest rank 106.
   const DeviceMesh m4({4});
