@@ -1485,12 +1485,19 @@ inline void stage_in_rounds(ExchangeWay& w, const std::vector<int>& shifts, cons
   }
 }
 
-// Band k of `bands` of an exchange's piece (ExchangeWay::bands): its rows along its outermost
-// dim of extent over 1, cut as evenly as they go; every rank cuts a piece alike.
-inline Box exchange_band(const Box& piece, int k, int bands) {
-  Box b = piece;
+// The dim an exchange's piece is cut along into bands: its outermost of extent over 1 (its last
+// where none is).
+inline std::size_t band_dim(const Box& piece) {
   std::size_t d = 0;
   while (d + 1 < piece.shape.size() && piece.shape[d] == 1) ++d;
+  return d;
+}
+
+// Band k of `bands` of an exchange's piece (ExchangeWay::bands): its rows along band_dim, cut as
+// evenly as they go; every rank cuts a piece alike.
+inline Box exchange_band(const Box& piece, int k, int bands) {
+  Box b = piece;
+  const std::size_t d = band_dim(piece);
   const std::int64_t rows = piece.shape[d];
   const std::int64_t start = rows * k / bands, end = rows * (k + 1) / bands;
   b.offset[d] += start;
@@ -1535,11 +1542,7 @@ inline void stage_in_bands(ExchangeWay& w, int bands, const Box& have, const Box
 // stage no less.
 inline int most_bands(const ExchangeWay& w) {
   std::int64_t most = 1;
-  auto rows = [](const Box& b) {
-    std::size_t d = 0;
-    while (d + 1 < b.shape.size() && b.shape[d] == 1) ++d;
-    return b.shape[d];
-  };
+  auto rows = [](const Box& b) { return b.shape[band_dim(b)]; };
   for (const ExchangeWay::Piece& p : w.outgoing) most = std::max(most, rows(p.box));
   for (const ExchangeWay::Piece& p : w.incoming) most = std::max(most, rows(p.box));
   return static_cast<int>(std::min<std::int64_t>(most, std::numeric_limits<int>::max()));
@@ -1717,9 +1720,11 @@ Task<void> move_pieces(L link, const Ops& ops, const ExchangeWay& w, const std::
   if (w.rounds.empty())
     co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, -1, -1);
   for (const ExchangeWay::Round& r : w.rounds) {
-    if (w.bands == 1)
+    if (w.bands == 1) {
       co_await move_round(link, ops, w, from, from_box, out, want, send, recv, elem, r.to, r.from);
-    for (int k = 0; k < w.bands && w.bands > 1; ++k)
+      continue;
+    }
+    for (int k = 0; k < w.bands; ++k)
       co_await move_round(link, ops, band_round(w, r, k, from_box, want, elem), from, from_box, out,
                           want, send, recv, elem, -1, -1);
   }
@@ -1950,7 +1955,6 @@ inline ReducingExchangeWay reducing_exchange_pieces(const StepContext& c, LinkAb
       later_slots = place_first_round();
     }
   }
-  w.first_round_rest = packed + later_slots - w.first_round_in_target;
   // In rounds a member packs its partials of the other parts in its own round, and they are
   // dead after it, while its slot takes a partial in every other round: the slot lies over
   // them, from the first round's first byte. The longest run from the start of whole pieces
@@ -1966,6 +1970,8 @@ inline ReducingExchangeWay reducing_exchange_pieces(const StepContext& c, LinkAb
     }
     w.first_round_in_target = in_target;
     w.first_round_rest = bytes - in_target;
+  } else {
+    w.first_round_rest = packed + later_slots - w.first_round_in_target;
   }
   // The first slot spans the reduced box (by elements, up to a row more than the part), else
   // (packed runs) holds the packed part, the box after it. The slots but the first are in the
