@@ -599,19 +599,30 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
   std::int64_t lo[2][max_members][max_tensor_dims], hi[2][max_members][max_tensor_dims];
   int members = 0;
   bool too_many = false;
+  // Where the target replicates along no other mesh dim, its blocks in a class are disjoint: T = 1
+  // for every element, m is 0 or 1, and min(G m, G - 1 + T - [h > 0]) = G m. The count is then G
+  // times the elements the class's ranks lack (`lacked`), each rank's from its two blocks alone.
+  bool replicated = false;
+  for (int k = 0; k < n; ++k)
+    replicated = replicated || (!kept[k] && dst.placements()[k].is_replicate());
+  std::int64_t lacked = 0;
   for_each_coord_while(mesh, MeshCoord(static_cast<std::size_t>(n), 0), kept,
                        [&](const MeshCoord& c) {
                          if (members == max_members) {
                            too_many = true;
                            return false;
                          }
+                         std::int64_t wanted = 1, shared = 1;
                          for (int d = 0; d < nd; ++d) {
                            const HeldRanges r = held_ranges(src, have, want, c, d);
                            lo[0][members][d] = r.from.start;
                            hi[0][members][d] = r.from.start + r.from.size;
                            lo[1][members][d] = r.to.start;
                            hi[1][members][d] = r.to.start + r.to.size;
+                           wanted *= r.to.size;
+                           shared *= r.shared();
                          }
+                         lacked = bytes_add(lacked, wanted - shared);
                          ++members;
                          return true;
                        });
@@ -621,26 +632,7 @@ constexpr std::int64_t kept_partial_elements(const Layout& src, const Layout& ds
   std::int64_t cells = 1;
   for (int d = 0; d < nd; ++d) cells *= 4 * members + 1;
   if (cells * members > (std::int64_t{1} << 14)) return 0;
-  // Where the target replicates along no other mesh dim, its blocks in a class are disjoint: T = 1
-  // for every element, m is 0 or 1, and min(G m, G - 1 + T - [h > 0]) = G m. The count is then G
-  // times the elements the class's ranks lack, each rank's from its two blocks alone.
-  bool replicated = false;
-  for (int k = 0; k < n; ++k)
-    replicated = replicated || (!kept[k] && dst.placements()[k].is_replicate());
-  if (!replicated) {
-    std::int64_t lacked = 0;
-    for (int i = 0; i < members; ++i) {
-      std::int64_t want = 1, shared = 1;
-      for (int d = 0; d < nd; ++d) {
-        want *= hi[1][i][d] - lo[1][i][d];
-        const std::int64_t a = lo[0][i][d] > lo[1][i][d] ? lo[0][i][d] : lo[1][i][d];
-        const std::int64_t b = hi[0][i][d] < hi[1][i][d] ? hi[0][i][d] : hi[1][i][d];
-        shared *= b > a ? b - a : 0;
-      }
-      lacked = bytes_add(lacked, want - shared);
-    }
-    return bytes_add(bytes_mul(classes, lacked), mesh.size() - 1) / mesh.size();
-  }
+  if (!replicated) return bytes_add(bytes_mul(classes, lacked), mesh.size() - 1) / mesh.size();
   // Per tensor dim, every distinct block boundary, sorted: the cells between them are inside or
   // outside each block.
   std::int64_t cuts[max_tensor_dims][max_cuts];  // NOLINT(cppcoreguidelines-init-variables)
