@@ -230,6 +230,12 @@ struct Staging {
     send_spare = send_fits && (!recv_fits || send + recv <= spare || send >= recv);
     recv_spare = recv_fits && (!send_spare || send + recv <= spare);
   }
+  // The same two buffers placed in `spare` bytes of room instead (use_spare).
+  [[nodiscard]] Staging with_spare(std::size_t spare) const {
+    Staging s = *this;
+    s.use_spare(spare);
+    return s;
+  }
 };
 
 // The staging buffers of one step, allocated or in the spare room (`spare`) as `s` says.
@@ -1392,6 +1398,21 @@ inline ExchangeWay exchange_pieces(const Plan& plan, const Step& step, const Mes
   return w;
 }
 
+// The memory bound of the rank at `c` on a step of `plan`: the larger of its source and target
+// blocks (`ends`, bytes), and what the blocks the step reads and writes hold of it (`blocks`;
+// the caller's source and target take none).
+struct StepBlocks {
+  std::size_t blocks = 0, ends = 0;
+};
+inline StepBlocks step_blocks_at(const Plan& plan, const Step& step, const MeshCoord& c) {
+  const Layout& base = plan.src();
+  const auto elem = static_cast<std::size_t>(base.elem_bytes());
+  const bool first = step.before == base.placements(), last = step.after == plan.dst().placements();
+  return {(first ? 0 : bytes_of(base.local_box(step.before, c), elem)) +
+              (last ? 0 : bytes_of(base.local_box(step.after, c), elem)),
+          std::max(bytes_of(base.local_box(c), elem), bytes_of(plan.dst().local_box(c), elem))};
+}
+
 // What one round of an exchange stages on a rank (all of it), and the pieces that rounds would
 // move one shift at a time (those of the exchange, or of an exchange from a Partial's delivery).
 struct OneRound {
@@ -1407,24 +1428,16 @@ struct OneRound {
 // rounds meet the mesh.
 template <class OneRoundAt>
 std::vector<int> shifts_past_bound(const Plan& plan, const Step& step, OneRoundAt&& one_round) {
-  const Layout& base = plan.src();
-  const DeviceMesh& mesh = base.mesh();
+  const DeviceMesh& mesh = plan.src().mesh();
   const int ranks = mesh.size();
-  const bool first = step.before == base.placements(), last = step.after == plan.dst().placements();
-  const std::int64_t elem = base.elem_bytes();
   bool passes = false;
   std::vector<bool> used(static_cast<std::size_t>(ranks), false);
   for (int r = 0; r < ranks; ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
     const OneRound round = one_round(c);
-    const std::int64_t have = base.local_box(step.before, c).numel() * elem;
-    const std::int64_t want = base.local_box(step.after, c).numel() * elem;
-    const std::int64_t ends =
-        std::max(base.local_box(c).numel(), plan.dst().local_box(c).numel()) * elem;
+    const StepBlocks x = step_blocks_at(plan, step, c);
     passes =
-        passes ||
-        (round.pieces.send + round.pieces.recv > 0 &&
-         (first ? 0 : have) + (last ? 0 : want) + static_cast<std::int64_t>(round.staged) > ends);
+        passes || (round.pieces.send + round.pieces.recv > 0 && x.blocks + round.staged > x.ends);
     for (const ExchangeWay::Piece& p : round.pieces.outgoing)
       used[static_cast<std::size_t>((mesh.index_of(p.peer) - r + ranks) % ranks)] = true;
   }
@@ -1593,25 +1606,19 @@ struct RoundsAtRank {
 // RoundsAtRank. Every rank decides alike: the parts of the rounds meet the mesh.
 template <class At>
 int bands_within_bound(const Plan& plan, const Step& step, At&& at) {
-  const Layout& base = plan.src();
-  const DeviceMesh& mesh = base.mesh();
-  const bool first = step.before == base.placements(), last = step.after == plan.dst().placements();
-  const auto elem = static_cast<std::size_t>(base.elem_bytes());
+  const DeviceMesh& mesh = plan.src().mesh();
+  const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
   int bands = 1;
   for (int r = 0; r < mesh.size(); ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
-    const std::size_t blocks = (first ? 0 : bytes_of(base.local_box(step.before, c), elem)) +
-                               (last ? 0 : bytes_of(base.local_box(step.after, c), elem));
-    const std::size_t ends =
-        std::max(bytes_of(base.local_box(c), elem), bytes_of(plan.dst().local_box(c), elem));
+    const StepBlocks bound = step_blocks_at(plan, step, c);
     const RoundsAtRank x = at(c);
-    if (blocks + x.extra > ends) continue;  // no room even for pieces that lie in place
-    const std::size_t room = ends - blocks;
+    if (bound.blocks + x.extra > bound.ends) continue;  // no room even for pieces in place
+    const std::size_t room = bound.ends - bound.blocks;
     auto staged = [&](int b) {
       ExchangeWay y = x.pieces;
       stage_in_bands(y, b, x.from, x.into, elem);
-      y.use_spare(x.inside);
-      return std::max(x.floor, y.allocated()) + x.extra;
+      return std::max(x.floor, y.with_spare(x.inside).allocated()) + x.extra;
     };
     const int most = std::min(most_bands(x.pieces), max_exchange_bands);
     if (staged(bands) <= room || most <= bands || staged(most) > room) continue;
@@ -1673,11 +1680,7 @@ inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
   // staging it can (the pieces received go elsewhere in the target).
   if (!c.plan.memory_bounded() || w.allocated() == 0) return w;
   const OwnRoom room = own_room_of(w, c.want, c.elem);
-  Staging in_own;
-  in_own.send = w.send;
-  in_own.recv = w.recv;
-  in_own.send_zeroed = w.send_zeroed;
-  in_own.use_spare(room.bytes);
+  const Staging in_own = w.with_spare(room.bytes);
   if (in_own.allocated() < w.allocated()) {
     w.send_spare = in_own.send_spare;
     w.recv_spare = in_own.recv_spare;
