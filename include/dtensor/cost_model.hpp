@@ -1,6 +1,8 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <utility>
 
 #include "config.hpp"
 #include "device_mesh.hpp"
@@ -25,11 +27,24 @@ inline constexpr LinkCost nvlink_like{2.0, 300.0};
 // InfiniBand/RoCE between nodes (400 Gb/s NICs).
 inline constexpr LinkCost network_like{8.0, 45.0};
 
+namespace detail {
+// LinkCost{} for each of the indices: every element spelt out (see CostModel::dims).
+template <std::size_t... I>
+constexpr std::array<LinkCost, sizeof...(I)> default_links(std::index_sequence<I...> /*dims*/) {
+  return {((void)I, LinkCost{})...};
+}
+}  // namespace detail
+
 // The cost of communication along each mesh dim. The planner estimates a collective on mesh
 // dim k with dims[k]; a point-to-point message between two ranks with the link of the
 // outermost mesh dim where their coordinates differ.
 struct CostModel {
-  std::array<LinkCost, max_mesh_dims> dims{};
+  // LinkCost{} (no latency, 1 GB/s) on every dim until set. Every element is spelt out: g++ 12
+  // miscompiles `dims{}` (an array of a type with default member initializers, value-initialized)
+  // in a translation unit that also evaluates CostModel::defaults at compile time: its later
+  // run-time arrays come out zero-filled, bandwidth 0 (tests/constexpr_runtime_test.cpp).
+  std::array<LinkCost, max_mesh_dims> dims =
+      detail::default_links(std::make_index_sequence<max_mesh_dims>{});
   // A grouped point-to-point round pays this many times a collective's per-message latency
   // (NCCL and MPI have no variable-size all-gather or reduce-scatter; uneven exact steps and
   // exchanges are rounds of point-to-point messages).
