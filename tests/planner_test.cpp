@@ -1690,6 +1690,39 @@ TEST_CASE("an exchange into a Partial: each group splits what none of its member
   }));
 }
 
+TEST_CASE("an exchange into a Partial that would move nothing is made locally",
+          "[planner][exchange]") {
+  // The members of each group sharing a target block hold pieces of it that cover it where the
+  // Partial dims replicate or shard a tensor dim no later kept dim shards: an exchange there
+  // moves nothing, and the plan fills (or scales) instead.
+  const auto tiles = [](const char* mid, const char* end) {
+    return detail::tiles_made_groups(parse_placements(mid), parse_placements(end));
+  };
+  CHECK(tiles("S(0),S(1)", "P(sum),P(max)"));
+  CHECK(tiles("S(0),S(0)", "S(0),P(sum)"));        // the Partial's cut nests inside the kept one
+  CHECK(tiles("S(0),S(0)", "P(sum),P(sum)"));      // two Partials' nested cuts
+  CHECK(tiles("R,S(1)", "P(max),S(1)"));           // every member holds the whole block
+  CHECK_FALSE(tiles("S(0),S(0)", "P(sum),S(0)"));  // the kept dim cuts inside the Partial's
+  CHECK_FALSE(tiles("S(0),R", "P(sum),S(0)"));     // the kept dim differs
+  CHECK_FALSE(tiles("S(0),P(sum)", "P(sum),P(sum)"));  // a Partial before the exchange
+  // Three reductions to distinct shards, then one Partial made on every dim: before, the last
+  // step was an exchange of no bytes.
+  const DeviceMesh cube({2, 2, 2});
+  const Plan mins = plan_redistribute(layout(cube, "P(sum),P(avg),P(sum)", {9, 7, 5}),
+                                      layout(cube, "P(min),P(min),P(min)", {9, 7, 5}));
+  CHECK(kinds(mins) == std::vector{K::reduce_scatter, K::reduce_scatter, K::reduce_scatter, K::fill,
+                                   K::fill, K::fill});
+  CHECK(mins.bytes_recv_max() == 1260);
+  const Plan sums = plan_redistribute(layout(cube, "R,P(avg),P(min)", {3, 13, 2}),
+                                      layout(cube, "S(1),P(sum),P(sum)", {3, 13, 2}),
+                                      {.objective = Objective::bytes});
+  CHECK(kinds(sums) ==
+        std::vector{K::chunk, K::reduce_scatter, K::reduce_scatter, K::fill, K::fill});
+  CHECK(sums.bytes_recv_max() == 132);
+  for (const Plan* p : {&mins, &sums})
+    CHECK(std::none_of(p->begin(), p->end(), [](const Step& s) { return s.kind == K::exchange; }));
+}
+
 // Pseudo-random layouts on meshes of 65 to 256 ranks (2 to 4 dims of 1 to 6 ranks; a tensor of 1
 // or 2 dims of 1 to 24), the same on every platform (an LCG, fixed seeds).
 class WideLayouts {

@@ -118,6 +118,36 @@ constexpr Transitions greedy_transitions(const Placements& src, const Placements
 // Whether every transition of the sequence is a valid group operation, starting from `src`.
 constexpr bool transitions_valid(const Placements& src, const Transitions& ts);
 
+// Whether the transitions `x` and `y` make the same steps (plan_builder::add_transitions): equal
+// once each change of a Partial's op, P(a) -> P(b), is written as the two it runs as, P(a) -> R
+// (its all-reduce) and R -> P(b).
+constexpr bool same_steps(const Transitions& x, const Transitions& y) noexcept {
+  auto op_change = [](const Transition& t) {
+    return t.from.is_partial() && t.to.is_partial() && !(t.from == t.to);
+  };
+  // Whether ts[at] and ts[at + 1] are the two transitions the op change t runs as.
+  auto runs_as = [](const Transition& t, const Transitions& ts, std::size_t at) {
+    return at + 1 < ts.size() && ts[at] == Transition{t.mesh_dim, t.from, Placement::replicate()} &&
+           ts[at + 1] == Transition{t.mesh_dim, Placement::replicate(), t.to};
+  };
+  std::size_t i = 0, j = 0;
+  while (i < x.size() && j < y.size()) {
+    if (x[i] == y[j]) {
+      ++i;
+      ++j;
+    } else if (op_change(x[i]) && runs_as(x[i], y, j)) {
+      ++i;
+      j += 2;
+    } else if (op_change(y[j]) && runs_as(y[j], x, i)) {
+      i += 2;
+      ++j;
+    } else {
+      return false;
+    }
+  }
+  return i == x.size() && j == y.size();
+}
+
 // Moves each transition that makes a Partial (S or R to P) after the last reduction of a
 // source Partial, where the sequence stays valid: reductions then run on real values, not on
 // blocks padded with another op's identity (an integer max's identity, the lowest value,
@@ -1841,6 +1871,26 @@ constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
   return bytes;
 }
 
+// Whether an exchange from `mid` (no Partial) into `end`'s Partials would move nothing, by their
+// form: `mid` is `end` on every other mesh dim, and on each dim where `end` is Partial either
+// replicates or shards a tensor dim that no later mesh dim of the other kind shards. The members
+// of each group sharing a target block then hold pieces of it that cover it (each of its nested
+// cuts is cut further by theirs alone), and an exchange gives every element to the first member
+// that holds it: that plan is `mid`'s then local fills and scales.
+constexpr bool tiles_made_groups(const Placements& mid, const Placements& end) noexcept {
+  for (std::size_t k = 0; k < mid.size(); ++k) {
+    if (!end[k].is_partial()) {
+      if (!(mid[k] == end[k])) return false;
+      continue;
+    }
+    if (mid[k].is_partial()) return false;
+    if (!mid[k].is_shard()) continue;
+    for (std::size_t j = k + 1; j < mid.size(); ++j)
+      if (mid[j].is_shard(mid[k].dim()) && !end[j].is_partial()) return false;
+  }
+  return true;
+}
+
 // Plans with one exchange: first each source Partial the target does not keep is reduced on its
 // own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's Replicate
 // dims are optionally chunked to some S(d) so that the reduction runs on a smaller block; then
@@ -1850,9 +1900,12 @@ constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
 // source's, or some S(d) so that the group splits the work. Every combination is tried while
 // there are at most 64 (a reduction's choices: R and every S(d)); beyond that only the natural
 // one (the target's shard, else R, or R where that shard cannot be scattered there; no chunk;
-// the source's placement).
+// the source's placement). A candidate whose exchange would move nothing (tiles_made_groups) goes
+// to `consider` without it, as transitions (search_plan's, which skips those built already).
+template <class Consider>
 constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
-                             const MeshCoord& probe, Plan& best, bool from_partial) {
+                             const MeshCoord& probe, Plan& best, bool from_partial,
+                             Consider&& consider) {
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
@@ -1884,6 +1937,14 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     if (made_partial_op(mid, b) == ReduceOp::avg ||
         src.mesh().size() > max_partial_exchange_ranks || !transitions_valid(a, prefix))
       return;
+    // Where that exchange would move nothing, the same plan makes the Partials locally.
+    if (tiles_made_groups(mid, b)) {
+      Transitions ts = prefix;
+      for (int k = static_cast<int>(b.size()); k-- > 0;)
+        if (b[k].is_partial()) ts.push_back({k, mid[k], b[k]});
+      consider(ts);
+      return;
+    }
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr) {
       const CostModel& model = options.cost_model;
       const double beat = plan_builder::time_to_beat(best);
@@ -2355,6 +2416,10 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     best = detail::plan_builder::build(src, dst, first, options);
     meets = detail::plan_builder::meets_bound(best);
   }
+  // Whether greedy's transitions were built into a plan (a valid one): others that make the same
+  // steps make the same plan.
+  const bool greedy_built =
+      &first == &greedy && chunked_first.empty() && !detail::plan_builder::pruned(best);
   const detail::LowerBound lb =
       meets ? detail::LowerBound{0, MeshCoord(static_cast<std::size_t>(src.mesh().ndim()), 0)}
             : detail::lower_bound(src, dst);
@@ -2391,7 +2456,8 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   using Built = detail::static_vector<detail::Transitions, 8>;
   Built built;
   auto already_built = [&](const detail::Transitions& ts) {
-    return ts == greedy || (all_to_all_first && ts == merged) || ts == chunked_first ||
+    return ts == greedy || (greedy_built && detail::same_steps(ts, greedy)) ||
+           (all_to_all_first && ts == merged) || ts == chunked_first ||
            std::ranges::any_of(built, [&](const detail::Transitions& seen) { return seen == ts; });
   };
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
@@ -2461,7 +2527,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) && above_bound())
-    detail::try_exchanges(src, dst, options, probe, best, exchange_from_partial);
+    detail::try_exchanges(src, dst, options, probe, best, exchange_from_partial, consider);
   // Under the time objective a plan at the bound is not yet the fastest: an exchange that
   // reaches it (each rank receiving what it lacks, point to point) can be slower than the
   // collectives below that reach it too, e.g. (P, P) -> (R, R) on 4x3, so they run (their
