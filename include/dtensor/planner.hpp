@@ -1873,9 +1873,9 @@ constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
 
 // Whether an exchange from `mid` (no Partial) into `end`'s Partials would move nothing, by their
 // form: `mid` is `end` on every other mesh dim, and on each dim where `end` is Partial either
-// replicates or shards a tensor dim that no later mesh dim of the other kind shards. The members
-// of each group sharing a target block then hold pieces of it that cover it (each of its nested
-// cuts is cut further by theirs alone), and an exchange gives every element to the first member
+// replicates or shards a tensor dim that no later mesh dim shards unless `end` is Partial there
+// too. The members of each group sharing a target block then hold pieces of it that cover it
+// (their cuts nest inside the block's), and an exchange gives every element to the first member
 // that holds it: that plan is `mid`'s then local fills and scales.
 constexpr bool tiles_made_groups(const Placements& mid, const Placements& end) noexcept {
   for (std::size_t k = 0; k < mid.size(); ++k) {
