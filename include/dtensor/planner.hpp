@@ -1891,6 +1891,13 @@ constexpr bool tiles_made_groups(const Placements& mid, const Placements& end) n
   return true;
 }
 
+// Appends to `ts` the local transitions from `from` to each of `to`'s Partials that `from` is
+// not already, innermost mesh dim first.
+constexpr void append_made_partials(Transitions& ts, const Placements& from, const Placements& to) {
+  for (int k = static_cast<int>(to.size()); k-- > 0;)
+    if (to[k].is_partial() && !(from[k] == to[k])) ts.push_back({k, from[k], to[k]});
+}
+
 // Plans with one exchange: first each source Partial the target does not keep is reduced on its
 // own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's Replicate
 // dims are optionally chunked to some S(d) so that the reduction runs on a smaller block; then
@@ -1940,8 +1947,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // Where that exchange would move nothing, the same plan makes the Partials locally.
     if (tiles_made_groups(mid, b)) {
       Transitions ts = prefix;
-      for (int k = static_cast<int>(b.size()); k-- > 0;)
-        if (b[k].is_partial()) ts.push_back({k, mid[k], b[k]});
+      append_made_partials(ts, mid, b);
       consider(ts);
       return;
     }
@@ -2027,8 +2033,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       if (!b[k].is_partial()) end[k] = b[k];
     // Every target Partial is made locally after the exchange, innermost first: on `made`
     // dims from the intermediate's placement, on reduced dims from what the reduction left.
-    for (int k = static_cast<int>(b.size()); k-- > 0;)
-      if (b[k].is_partial() && !(end[k] == b[k])) suffix.push_back({k, end[k], b[k]});
+    append_made_partials(suffix, end, b);
     if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
     if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr &&
@@ -2419,7 +2424,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // Whether greedy's transitions were built into a plan (a valid one): others that make the same
   // steps make the same plan.
   const bool greedy_built =
-      &first == &greedy && chunked_first.empty() && !detail::plan_builder::pruned(best);
+      !all_to_all_first && chunked_first.empty() && !detail::plan_builder::pruned(best);
   const detail::LowerBound lb =
       meets ? detail::LowerBound{0, MeshCoord(static_cast<std::size_t>(src.mesh().ndim()), 0)}
             : detail::lower_bound(src, dst);
