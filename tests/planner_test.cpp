@@ -478,6 +478,53 @@ TEST_CASE("an exact step sends no empty message", "[planner]") {
   }
 }
 
+TEST_CASE("a collective whose group holds no element costs nothing", "[planner]") {
+  // One row on 2x4, sharded over mesh dim 0: the ranks of row 1 hold nothing, so their group's
+  // all-reduce (or reduce-scatter, gather, all-to-all) on mesh dim 1 passes a count of 0, which
+  // the backends start nothing for; the group of row 0 pays the latency as before.
+  const DeviceMesh m({2, 4});
+  const CostModel model = CostModel::defaults(m);
+  const Layout base = layout(m, "S(0),P", {1, 8});
+  const MeshCoord full{0, 1}, empty{1, 1};
+  struct Case {
+    const char *from, *to;
+    StepKind kind;
+  };
+  for (const Case& c :
+       {Case{"S(0),P", "S(0),R", K::all_reduce}, Case{"S(0),P", "S(0),S(1)", K::reduce_scatter},
+        Case{"S(0),S(1)", "S(0),R", K::all_gather},
+        Case{"S(0),S(0)", "S(0),S(1)", K::all_to_all}}) {
+    const Placements before = parse_placements(c.from), after = parse_placements(c.to);
+    const Box in = base.local_box(before, empty), out = base.local_box(after, empty);
+    CHECK(detail::group_holds_nothing(c.kind, before, 1, in, out));
+    CHECK_FALSE(detail::group_holds_nothing(c.kind, before, 1, base.local_box(before, full),
+                                            base.local_box(after, full)));
+    for (const bool padded : {false, true}) {
+      const detail::RankStepCost none =
+          detail::rank_step_cost(base, before, after, c.kind, 1, padded, empty, model);
+      CHECK(none.bytes.recv == 0);
+      CHECK(none.bytes.send == 0);
+      CHECK(none.us == 0);
+      CHECK(detail::rank_step_cost(base, before, after, c.kind, 1, padded, full, model).us > 0);
+    }
+  }
+  // An all-to-all's group holds nothing where the block after is empty along the gathered dim,
+  // or the block before along another (here the rows): not where only this member's piece is.
+  const Layout wide = layout(m, "R,S(1)", {4, 2});
+  const Placements s1 = parse_placements("R,S(1)"), s0 = parse_placements("R,S(0)");
+  const MeshCoord last{0, 3};  // holds no column before, and row 3 after
+  CHECK(wide.local_box(s1, last).empty());
+  CHECK_FALSE(detail::group_holds_nothing(K::all_to_all, s1, 1, wide.local_box(s1, last),
+                                          wide.local_box(s0, last)));
+  // An empty tensor: every plan costs nothing, so the first one is kept (it meets the bound,
+  // 0 bytes), where an all-reduce used to cost 2(g-1) latencies against a reduce-scatter's 0.
+  const DeviceMesh m44({4, 4});
+  const Plan p =
+      plan_redistribute(layout(m44, "P(min),S(0)", {0, 5}), layout(m44, "P(max),P(avg)", {0, 5}));
+  CHECK(p.bytes_recv_max() == 0);
+  CHECK(p.est_us() == 0);
+}
+
 TEST_CASE("the cost model decides and can be overridden", "[planner]") {
   const DeviceMesh m({2, 4});
   const CostModel defaults = CostModel::defaults(m);

@@ -93,6 +93,49 @@ int main(int argc, char** argv) {
                        problem.empty(), problem);
       }
   }
+  // Groups that hold no element (one row sharded over mesh dim 0: the ranks of row 1 hold
+  // nothing; an empty tensor): their collectives pass a count of 0, which the backend starts
+  // nothing for, blocking and through execute_async; padded (one native collective) and exact.
+  struct EmptyGroup {
+    std::string_view mesh, from, to;
+    Shape shape;
+  };
+  for (const EmptyGroup& c :
+       {EmptyGroup{"2x4", "S(0),P", "S(0),R", {1, 8}},
+        EmptyGroup{"2x4", "S(0),P", "S(0),S(1)", {1, 8}},
+        EmptyGroup{"2x4", "S(0),S(1)", "S(0),R", {1, 8}},
+        EmptyGroup{"2x4", "S(0),S(0)", "S(0),S(1)", {1, 8}},
+        EmptyGroup{"2x4", "P,S(1)", "R,S(0)", {0, 8}}, EmptyGroup{"8", "P", "R", {0, 5}},
+        EmptyGroup{"8", "S(0)", "S(1)", {8, 0}}}) {
+    const DeviceMesh mesh = parse_mesh(c.mesh);
+    if (mesh.size() != world_size) continue;
+    MpiBackend backend(mesh);
+    const Layout src(mesh, parse_placements(c.from), c.shape, DType::f32);
+    const Layout dst(mesh, parse_placements(c.to), c.shape, DType::f32);
+    for (const Padding padding : {Padding::always, Padding::never})
+      for (const bool async : {false, true}) {
+        const std::string problem = testing::run_against_simulator<float>(
+            src, dst, backend, nullptr, {.padding = padding}, false, async);
+        verdicts.agree(
+            fmt::format("empty group {} {} {} -> {} {}{}", c.mesh, c.shape, c.from, c.to,
+                        padding == Padding::always ? "padded" : "exact", async ? " async" : ""),
+            problem.empty(), problem);
+      }
+  }
+  // A collective of no element starts nothing: one rank alone passes through each.
+  if (world_size == 8) {
+    MpiBackend backend(parse_mesh("2x4"));
+    if (world_rank == 0) {
+      float x = 0;
+      backend.all_gather(1, &x, &x, 0);
+      backend.reduce_scatter(1, &x, &x, 0, DType::f32, ReduceOp::sum);
+      backend.all_reduce(0, &x, &x, 0, DType::bf16, ReduceOp::avg);
+      backend.all_to_all(1, &x, &x, 0);
+      backend.all_to_all_strided(1, &x, &x, {}, {});
+      backend.all_gather_strided(0, &x, &x, {});
+    }
+    verdicts.agree("a collective of no element starts nothing", true);
+  }
   // A case of one layout pair and shape, run in f32 and bf16 against the simulator with
   // `options`; `scratch_problem(mesh, src, dst, held)` says what is wrong with the scratch held.
   struct Sized {

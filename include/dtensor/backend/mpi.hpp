@@ -390,8 +390,11 @@ class MpiBackend {
   }
 
   // The same operations started and finished later (AsyncBackend), with MPI's nonblocking
-  // collectives: execute_async overlaps them with the caller's work.
+  // collectives: execute_async overlaps them with the caller's work. A collective of no element
+  // starts nothing and is complete at once: every member of the group passes the same count, so
+  // all of them skip it (the planner costs it nothing).
   Request start_all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    if (bytes == 0) return begin("MPI_Iallgather");
     const MeshGroup grp = mesh_.group(rank_, mesh_dim);
     if (by_messages(grp, bytes))
       return start_all_gather_by_messages(mesh_dim, grp, send, recv, bytes);
@@ -407,16 +410,19 @@ class MpiBackend {
   Request start_reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count,
                                DType dtype, ReduceOp op) {
     Request r = begin("MPI_Ireduce_scatter_block");
+    if (count == 0) return r;
     reduce(send, recv, count, dtype, op, mesh_dim, true, r);
     return r;
   }
   Request start_all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count,
                            DType dtype, ReduceOp op) {
     Request r = begin("MPI_Iallreduce");
+    if (count == 0) return r;
     reduce(send, recv, count, dtype, op, mesh_dim, false, r);
     return r;
   }
   Request start_all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    if (bytes == 0) return begin("MPI_Ialltoall");
     const MeshGroup grp = mesh_.group(rank_, mesh_dim);
     if (by_messages(grp, bytes)) {
       const StridedPieces slabs{1, bytes, bytes * static_cast<std::size_t>(grp.size)};
@@ -434,6 +440,7 @@ class MpiBackend {
   // finished.
   Request start_all_to_all_strided(int mesh_dim, const void* send, void* recv, StridedPieces sent,
                                    StridedPieces received) {
+    if (sent.piece_bytes() == 0) return begin("MPI_Ialltoall");
     const bool strided_send = needs_type(sent), strided_recv = needs_type(received);
     if (!strided_send && !strided_recv)  // contiguous pieces, or none
       return start_all_to_all(mesh_dim, send, recv, sent.piece_bytes());
@@ -463,6 +470,7 @@ class MpiBackend {
   // as a strided all-to-all's, on the receive side.
   Request start_all_gather_strided(int mesh_dim, const void* send, void* recv,
                                    StridedPieces pieces) {
+    if (pieces.piece_bytes() == 0) return begin("MPI_Iallgather");
     if (!needs_type(pieces)) return start_all_gather(mesh_dim, send, recv, pieces.piece_bytes());
     if (pieces.run_bytes >= options_.single_copy_direct_read_from_bytes &&
         goes_by_single_copy(mesh_dim, pieces))

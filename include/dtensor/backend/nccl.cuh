@@ -179,12 +179,16 @@ class NcclBackend {
     return groups_.at(static_cast<std::size_t>(k)).get();
   }
 
+  // A collective of no element launches nothing: every member of the group passes the same
+  // count, so all of them skip it (the planner costs it nothing).
   void all_gather(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    if (bytes == 0) return;
     ncclComm_t c = group_comm(mesh_dim);
     call(ncclAllGather(send, recv, bytes, ncclUint8, c, stream_), "ncclAllGather", c);
   }
   void reduce_scatter(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                       ReduceOp op) {
+    if (count == 0) return;
     ncclComm_t c = group_comm(mesh_dim);
     call(
         ncclReduceScatter(send, recv, count, cuda::nccl_type(dtype), cuda::nccl_op(op), c, stream_),
@@ -192,11 +196,13 @@ class NcclBackend {
   }
   void all_reduce(int mesh_dim, const void* send, void* recv, std::size_t count, DType dtype,
                   ReduceOp op) {
+    if (count == 0) return;
     ncclComm_t c = group_comm(mesh_dim);
     call(ncclAllReduce(send, recv, count, cuda::nccl_type(dtype), cuda::nccl_op(op), c, stream_),
          "ncclAllReduce", c);
   }
   void all_to_all(int mesh_dim, const void* send, void* recv, std::size_t bytes) {
+    if (bytes == 0) return;
     ncclComm_t c = group_comm(mesh_dim);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
     call(ncclAlltoAll(send, recv, bytes, ncclUint8, c, stream_), "ncclAlltoAll", c);

@@ -874,6 +874,27 @@ constexpr bool reducing_exchange_costs(const Layout& base, const Placements& bef
   return true;
 }
 
+// Whether the group that runs collective `kind` on mesh dim k holds no element of it, from one
+// member's blocks before and after the step: a gather's members share their block after, a
+// reduction's their block before, and an all-to-all's group spans the block after along the
+// gathered tensor dim and the block before along the others. Every member then passes a count
+// of 0, which the backends start nothing for: the step sends no message and costs nothing.
+constexpr bool group_holds_nothing(StepKind kind, const Placements& before, int k,
+                                   const Box& mine_before, const Box& mine_after) {
+  switch (kind) {
+    case StepKind::all_gather: return mine_after.empty();
+    case StepKind::reduce_scatter:
+    case StepKind::all_reduce: return mine_before.empty();
+    case StepKind::all_to_all: {
+      const int gathered = before[k].dim();
+      for (int d = 0; d < static_cast<int>(mine_before.shape.size()); ++d)
+        if ((d == gathered ? mine_after.shape[d] : mine_before.shape[d]) == 0) return true;
+      return false;
+    }
+    default: return false;
+  }
+}
+
 // Bytes and time of one step for the rank at `coord`, whose blocks before and after the step
 // are `mine_before` and `mine_after`. `padded` pads uneven pieces to the group's largest;
 // otherwise the step moves exact sizes in point-to-point rounds. `base` gives the mesh, shape,
@@ -896,7 +917,7 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   }
   if (!moves_data(kind)) return out;
   const int g = base.mesh().size(k);
-  if (g == 1) return out;
+  if (g == 1 || group_holds_nothing(kind, before, k, mine_before, mine_after)) return out;
 
   // Closed forms from this rank's blocks before and after: the step is valid, so mesh dim k
   // is the innermost to cut the tensor dims it changes, and the block after (or before, for
