@@ -917,7 +917,7 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   }
   if (!moves_data(kind)) return out;
   const int g = base.mesh().size(k);
-  if (g == 1 || group_holds_nothing(kind, before, k, mine_before, mine_after)) return out;
+  if (g == 1) return out;
 
   // Closed forms from this rank's blocks before and after: the step is valid, so mesh dim k
   // is the innermost to cut the tensor dims it changes, and the block after (or before, for
@@ -998,6 +998,9 @@ constexpr RankStepCost rank_step_cost(const Layout& base, const Placements& befo
   }
   out.bytes = {bytes_mul(send, elem), bytes_mul(recv, elem)};
   out.exact_messages = exact_messages;
+  // A rank that moves nothing may be in a group that holds nothing, which starts nothing.
+  if (send == 0 && recv == 0 && group_holds_nothing(kind, before, k, mine_before, mine_after))
+    return out;
   const bool exact = !padded && uneven;
   if (exact) messages = exact_messages;
   const double latency = exact ? cost.p2p_latency_factor : 1.0;
