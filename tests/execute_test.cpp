@@ -89,6 +89,14 @@ struct Outcome {
   std::string first;
 };
 
+// One world per mesh for the whole run: its ranks' threads start once, not once per plan.
+SimulatedWorld& world_of(const DeviceMesh& mesh) {
+  static std::vector<std::unique_ptr<SimulatedWorld>> worlds;
+  for (const auto& w : worlds)
+    if (w->mesh() == mesh) return *w;
+  return *worlds.emplace_back(std::make_unique<SimulatedWorld>(mesh));
+}
+
 template <class T>
 Outcome run_plan(const Plan& plan) {
   const Layout& src = plan.src();
@@ -109,7 +117,8 @@ Outcome run_plan(const Plan& plan) {
                                             to_elem<T>(-7));
   }
   const std::vector<std::vector<T>> untouched = in;
-  SimulatedWorld world(mesh);
+  SimulatedWorld& world = world_of(mesh);
+  world.reset_counters();
   std::vector<ExecuteStats> stats(static_cast<std::size_t>(n));
   world.run([&](SimulatedBackend& b) {
     const auto r = static_cast<std::size_t>(b.rank());
@@ -394,7 +403,8 @@ std::vector<std::vector<double>> run_plan(const Plan& plan,
   for (int r = 0; r < mesh.size(); ++r)
     out[static_cast<std::size_t>(r)].resize(
         static_cast<std::size_t>(plan.dst().local_box(r).numel()));
-  SimulatedWorld world(mesh);
+  SimulatedWorld& world = world_of(mesh);
+  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto r = static_cast<std::size_t>(b.rank());
     execute(plan, b, std::span<const double>(in[r]), std::span<double>(out[r]));
@@ -487,7 +497,8 @@ SimulatedRun run_simulated(const Plan& plan, bool packing) {
   }
   SimulatedRun run;
   run.scratch_peak.resize(n);
-  SimulatedWorld world(mesh);
+  SimulatedWorld& world = world_of(mesh);
+  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     ExecuteStats stats;
@@ -692,7 +703,8 @@ void run_scattering_by_messages(const Plan& plan, std::vector<std::vector<T>>& i
                                 std::vector<std::vector<T>>& out,
                                 std::vector<RankBytes>& measured) {
   const DeviceMesh& mesh = plan.src().mesh();
-  SimulatedWorld world(mesh);
+  SimulatedWorld& world = world_of(mesh);
+  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     MessageScatterBackend m(b, reduce_by_messages_from);
@@ -781,7 +793,8 @@ TEST_CASE("a backend instance sets its own threshold for reductions by messages"
         CHECK(v.verified);
       }
       collectives[never] = MessageScatterBackend::calls;
-      SimulatedWorld world(mesh);
+      SimulatedWorld& world = world_of(mesh);
+      world.reset_counters();
       world.run([&](SimulatedBackend& b) {
         if (b.rank() != 0) return;
         // The busiest rank's figure for this instance, no less than this rank's (each checked
@@ -1191,7 +1204,8 @@ namespace {
 void run_async_on_packing(const Plan& plan, std::vector<std::vector<float>>& in,
                           std::vector<std::vector<float>>& out, std::vector<RankBytes>& measured) {
   const DeviceMesh& mesh = plan.src().mesh();
-  SimulatedWorld world(mesh);
+  SimulatedWorld& world = world_of(mesh);
+  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     PackingBackend p(b);
@@ -2074,4 +2088,43 @@ TEST_CASE("host staging: large blocks are reused, small ones and misfits are not
   CHECK(again.data() == seen);
   CHECK(std::all_of(again.data(), again.data() + again.size(),
                     [](std::byte x) { return x == std::byte{0}; }));
+}
+
+TEST_CASE("a simulated world keeps its ranks' threads from run to run, past a failed run",
+          "[execute][simulated]") {
+  const DeviceMesh mesh({2, 2});
+  const Plan plan = plan_redistribute(Layout(mesh, {Shard(0), Shard(1)}, {4, 6}),
+                                      Layout(mesh, {Replicate(), Replicate()}, {4, 6}));
+  std::vector<std::vector<float>> in;
+  for (int r = 0; r < mesh.size(); ++r) in.push_back(global_view_block<float>(plan.src(), r));
+  const std::vector<float> want = global_view_block<float>(plan.dst(), 0);
+  SimulatedWorld world(mesh);
+  std::vector<std::thread::id> first(4), again(4);
+  auto gather = [&](std::vector<std::thread::id>& ids) {
+    world.reset_counters();
+    std::vector<std::vector<float>> out(4, std::vector<float>(24, -1.0F));
+    world.run([&](SimulatedBackend& b) {
+      const auto r = static_cast<std::size_t>(b.rank());
+      ids[r] = std::this_thread::get_id();
+      execute(plan, b, std::span<const float>(in[r]), std::span<float>(out[r]));
+    });
+    for (int r = 0; r < mesh.size(); ++r) {
+      CHECK(out[static_cast<std::size_t>(r)] == want);
+      CHECK(world.bytes(r) == rank_bytes(plan, r));
+    }
+  };
+  gather(first);
+  // Rank 3 fails between two collectives while rank 1 waits for it in the second: the run ends
+  // with rank 3's error, and rank 1 is let go rather than left waiting.
+  CHECK_THROWS_WITH(world.run([&](SimulatedBackend& b) {
+    std::vector<float> piece(2, 1.0F), all(4);
+    b.all_gather(0, piece.data(), all.data(), sizeof(float) * 2);
+    if (b.rank() == 3) throw error("rank 3 fails");
+    b.all_gather(1, piece.data(), all.data(), sizeof(float) * 2);
+  }),
+                    "rank 3 fails");
+  gather(again);
+  CHECK(again == first);
+  // A world destroyed before any run has no threads to end.
+  { const SimulatedWorld idle(mesh); }
 }

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <map>
 #include <memory>
@@ -63,6 +65,10 @@ class BasicSimulatedWorld {
  public:
   explicit BasicSimulatedWorld(const DeviceMesh& mesh, typename Lane::Setting setting = {})
       : mesh_(mesh), setting_(setting), bytes_(static_cast<std::size_t>(mesh.size())) {}
+  BasicSimulatedWorld(const BasicSimulatedWorld&) = delete;
+  BasicSimulatedWorld& operator=(const BasicSimulatedWorld&) = delete;
+  // Ends the ranks' threads.
+  ~BasicSimulatedWorld() { close(); }
 
   [[nodiscard]] const DeviceMesh& mesh() const noexcept { return mesh_; }
   // Bytes global rank `rank` sent and received since the last reset.
@@ -83,7 +89,8 @@ class BasicSimulatedWorld {
 
   // Runs f(backend) for every rank of the mesh, each on its own thread, and waits for all
   // (and, on a device lane, for all their work on the device). The first error of any rank
-  // aborts the others and is rethrown here.
+  // aborts the others and is rethrown here. The threads start with the first run and are kept
+  // for the next (one run at a time), so a world run many times starts its threads once.
   template <class F>
   void run(F&& f);
 
@@ -104,7 +111,10 @@ class BasicSimulatedWorld {
     std::vector<std::vector<StridedSendMessage>> messages;
     std::array<std::vector<const void*>, 3> fence;
     int arrived = 0;
-    std::uint64_t generation = 0;
+    std::atomic<std::uint64_t> generation = 0;
+    // Wakes this group's members only: a world-wide one woke every waiting rank of every group
+    // at each meeting, and the ranks' threads spent most of their time in the kernel.
+    std::condition_variable met;
   };
 
   Meeting& meeting(int mesh_dim, int first_rank, int members) {
@@ -126,13 +136,17 @@ class BasicSimulatedWorld {
 
   void wait_all(Meeting& m, int members) {
     std::unique_lock lock(mutex_);
-    const std::uint64_t generation = m.generation;
+    const std::uint64_t generation = m.generation.load(std::memory_order_relaxed);
     if (++m.arrived == members) {
       m.arrived = 0;
-      ++m.generation;
-      changed_.notify_all();
+      m.generation.fetch_add(1, std::memory_order_release);
+      m.met.notify_all();
     } else {
-      changed_.wait(lock, [&] { return m.generation != generation || aborted_; });
+      lock.unlock();
+      for (int i = 0; i < 16 && m.generation.load(std::memory_order_acquire) == generation; ++i)
+        std::this_thread::yield();
+      lock.lock();
+      m.met.wait(lock, [&] { return m.generation.load() != generation || aborted_; });
     }
     if (aborted_) throw error("simulated run aborted: another rank failed");
   }
@@ -148,14 +162,61 @@ class BasicSimulatedWorld {
   void abort() {
     std::lock_guard lock(mutex_);
     aborted_ = true;
-    changed_.notify_all();
+    for (auto& [key, m] : meetings_) m.met.notify_all();
+  }
+
+  // One thread per rank, waiting for the first job; none if one cannot start.
+  void start_threads() {
+    try {
+      threads_.reserve(static_cast<std::size_t>(mesh_.size()));
+      for (int i = 0; i < mesh_.size(); ++i)
+        threads_.emplace_back([this, i, done = runs_] { serve(i, done); });
+    } catch (...) {
+      close();
+      throw;
+    }
+  }
+
+  void close() {
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+    }
+    posted_.notify_all();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    closing_ = false;
+  }
+
+  // Rank index i's thread: runs each job posted after the `done`th run once, until the world
+  // closes.
+  void serve(int i, std::uint64_t done) {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      posted_.wait(lock, [&] { return closing_ || runs_ != done; });
+      if (closing_) return;
+      done = runs_;
+      lock.unlock();
+      job_(job_context_, i);
+      lock.lock();
+      if (--working_ == 0) finished_.notify_all();
+    }
   }
 
   DeviceMesh mesh_;
   typename Lane::Setting setting_;
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
   std::map<std::pair<int, int>, Meeting> meetings_;
+  // The ranks' threads and the run they work on: job_(job_context_, rank index) on each, then
+  // the last to finish wakes run().
+  std::vector<std::thread> threads_;
+  void (*job_)(void*, int) = nullptr;
+  void* job_context_ = nullptr;
+  std::uint64_t runs_ = 0;
+  int working_ = 0;
+  bool closing_ = false;
+  std::condition_variable posted_;
+  std::condition_variable finished_;
   std::vector<RankBytes> bytes_;
   std::int64_t collectives_ = 0;
   bool aborted_ = false;
@@ -493,34 +554,39 @@ void BasicSimulatedWorld<Lane>::run(F&& f) {
   std::vector<std::unique_ptr<Lane>> lanes;
   lanes.reserve(ranks);
   for (int i = 0; i < mesh_.size(); ++i) lanes.push_back(std::make_unique<Lane>(i, setting_));
-  std::vector<std::thread> threads;
-  threads.reserve(ranks);
   std::vector<std::exception_ptr> errors(ranks);
-  for (int i = 0; i < mesh_.size(); ++i) {
-    threads.emplace_back([this, &f, &errors, &lanes, i] {
-      Lane& lane = *lanes[static_cast<std::size_t>(i)];
+  auto work = [this, &f, &errors, &lanes](int i) {
+    Lane& lane = *lanes[static_cast<std::size_t>(i)];
+    try {
+      lane.attach();
+      BasicSimulatedBackend<Lane> backend(*this, lane, mesh_.rank_at(i));
       try {
-        lane.attach();
-        BasicSimulatedBackend<Lane> backend(*this, lane, mesh_.rank_at(i));
-        try {
-          f(backend);
-        } catch (...) {
-          // Work already issued completes before the lane goes away.
-          abort();
-          try {
-            lane.finish();
-          } catch (...) {
-          }
-          throw;
-        }
-        lane.finish();
+        f(backend);
       } catch (...) {
-        errors[static_cast<std::size_t>(i)] = std::current_exception();
+        // Work already issued completes before the lane goes away.
         abort();
+        try {
+          lane.finish();
+        } catch (...) {
+        }
+        throw;
       }
-    });
+      lane.finish();
+    } catch (...) {
+      errors[static_cast<std::size_t>(i)] = std::current_exception();
+      abort();
+    }
+  };
+  if (threads_.empty()) start_threads();
+  {
+    std::unique_lock lock(mutex_);
+    job_ = [](void* context, int i) { (*static_cast<decltype(work)*>(context))(i); };
+    job_context_ = &work;
+    working_ = mesh_.size();
+    ++runs_;
+    posted_.notify_all();
+    finished_.wait(lock, [&] { return working_ == 0; });
   }
-  for (std::thread& t : threads) t.join();
   // The root cause first: an error other than the abort it caused elsewhere.
   std::exception_ptr first;
   for (const std::exception_ptr& e : errors) {
