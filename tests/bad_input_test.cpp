@@ -276,6 +276,11 @@ TEST_CASE("a plan run on a backend whose mesh differs", "[bad][execute]") {
     execute(plan, b, std::span<const float>(src), std::span<float>(dst));
   }),
                     "the backend's mesh 2x2 is not the plan's mesh 4");
+  // verify_on_simulator on a world of another mesh refuses before any rank runs.
+  CHECK_THROWS_WITH(verify_on_simulator(plan, world),
+                    "the simulated world's mesh 2x2 is not the plan's mesh 4");
+  SimulatedWorld right(DeviceMesh({4}));
+  CHECK(verify_on_simulator(plan, right).verified);
 }
 
 TEMPLATE_TEST_CASE("NaN and Inf in reductions are propagated, not hidden", "[bad][execute]", float,

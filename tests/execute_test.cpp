@@ -10,6 +10,7 @@
 
 #include "forwarding_backend.hpp"
 #include "placement_pairs.hpp"
+#include "simulated_worlds.hpp"
 
 #include <unsupported/Eigen/CXX11/Tensor>
 
@@ -27,6 +28,7 @@
 #include <vector>
 
 using namespace dtensor;
+using dtensor::testing::world_of;
 
 namespace {
 
@@ -89,12 +91,9 @@ struct Outcome {
   std::string first;
 };
 
-// One world per mesh for the whole run: its ranks' threads start once, not once per plan.
-SimulatedWorld& world_of(const DeviceMesh& mesh) {
-  static std::vector<std::unique_ptr<SimulatedWorld>> worlds;
-  for (const auto& w : worlds)
-    if (w->mesh() == mesh) return *w;
-  return *worlds.emplace_back(std::make_unique<SimulatedWorld>(mesh));
+// verify_on_simulator on the plan's mesh's world.
+Verification verified_on(const Plan& plan) {
+  return verify_on_simulator(plan, world_of(plan.src().mesh()));
 }
 
 template <class T>
@@ -591,7 +590,7 @@ TEST_CASE("pieces sent and received strided, without packing", "[execute][stride
                  (plan[0].kind == StepKind::all_to_all || plan[0].kind == StepKind::all_gather)));
       // Values against the global view, bytes measured against bytes planned, the source
       // untouched: the strided path.
-      const Verification v = verify_on_simulator(plan);
+      const Verification v = verified_on(plan);
       CHECK(v.verified);
       CHECK(v.difference == "");
       // The same bits and bytes as packing first; less scratch where the pieces are strided.
@@ -640,7 +639,7 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
       const Layout dst(mesh, parse_placements(c.to), c.shape, dtype);
       const Plan plan = plan_redistribute(src, dst, {.memory = c.memory});
       INFO(fmt::format("{}: {} -> {} {} {}: {}", c.mesh, c.from, c.to, c.shape, dtype, plan));
-      const Verification v = verify_on_simulator(plan);
+      const Verification v = verified_on(plan);
       CHECK(v.verified);
       CHECK(v.difference == "");
       const auto [strided, packed] = run_strided_and_packed(plan);
@@ -685,7 +684,7 @@ TEST_CASE("point-to-point rounds move strided pieces where they lie", "[execute]
       Layout(mesh, parse_placements("S(0),R"), {3, 10, 2, 2}, DType::i64),
       {.objective = Objective::bytes});
   INFO(explain(mixed));
-  const Verification v = verify_on_simulator(mixed);
+  const Verification v = verified_on(mixed);
   CHECK(v.verified);
   CHECK(v.difference == "");
 }
@@ -907,7 +906,7 @@ TEST_CASE("bounded memory moves uneven pieces at their exact sizes", "[execute][
     CHECK_FALSE(bounded[0].padded);
     CHECK(workspace_bytes(fast) > 70 * 4);
     CHECK(workspace_bytes(bounded) <= 70 * 4);
-    CHECK(verify_on_simulator(bounded).verified);
+    CHECK(verified_on(bounded).verified);
   }
   // An exact reduction over pairs receives the other member's partial straight into the target
   // and reduces its own from the block where it lies: no scratch at all.
@@ -919,7 +918,7 @@ TEST_CASE("bounded memory moves uneven pieces at their exact sizes", "[execute][
     INFO("P -> " << to);
     REQUIRE(exact.size() == 1);
     CHECK(workspace_bytes(exact) == 0);
-    CHECK(verify_on_simulator(exact).verified);
+    CHECK(verified_on(exact).verified);
   }
 }
 
@@ -958,7 +957,7 @@ TEST_CASE("bounded memory cuts no group's block by elements", "[execute][planner
     CHECK_FALSE(cuts_by_elements(bounded));
     CHECK(within_ends(bounded));
     CHECK(bounded.bytes_recv_max() > any.bytes_recv_max());
-    CHECK(verify_on_simulator(bounded).verified);
+    CHECK(verified_on(bounded).verified);
   }
 }
 
@@ -975,7 +974,7 @@ TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][pla
   CHECK(bounded[0].kind == StepKind::exchange);
   CHECK(bounded[0].before[0].is_partial());
   CHECK(blocks_within_ends(bounded));
-  CHECK(verify_on_simulator(bounded).verified);
+  CHECK(verified_on(bounded).verified);
   const DeviceMesh mesh({3, 3, 4, 3});
   for (DType dtype : {DType::i64, DType::f32}) {
     const Plan bytes = plan_redistribute(
@@ -986,7 +985,7 @@ TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][pla
     CHECK(bytes.bytes_recv_max() == 28 * static_cast<std::int64_t>(size_of(dtype)));
     CHECK(std::any_of(bytes.begin(), bytes.end(),
                       [](const Step& s) { return s.kind == StepKind::exchange; }));
-    const Verification v = verify_on_simulator(bytes);
+    const Verification v = verified_on(bytes);
     CHECK(v.difference == "");
     CHECK(v.verified);
   }
@@ -1015,7 +1014,7 @@ TEST_CASE("mixed Partial ops where a kept inner shard blocks a made Partial, exe
     if (!blocked) return;
     for (const Shape& shape : {Shape{8}, Shape{5}}) {
       const Plan p = plan_redistribute(Layout(m, a, shape), Layout(m, b, shape));
-      const Verification v = verify_on_simulator(p);
+      const Verification v = verified_on(p);
       INFO(fmt::format("{} -> {} {}: {}", a, b, shape, v.difference));
       CHECK(v.verified);
       ++runs;
@@ -1044,7 +1043,7 @@ TEST_CASE("exchanges into and from a Partial on more than 64 ranks, executed",
       return s.kind == StepKind::exchange && (detail::makes_partial(s.before, s.after) ||
                                               detail::exchange_reduces(s.before, s.after));
     }));
-    const Verification v = verify_on_simulator(p);
+    const Verification v = verified_on(p);
     INFO(fmt::format("{}{}", explain(p), v.difference));
     CHECK(v.verified);
     for (int r = 0; r < p.src().mesh().size(); ++r)
@@ -1061,7 +1060,7 @@ TEST_CASE("a Partial target is checked within the rounding of its parts", "[exec
   for (const char* to : {"P,P", "R,P"}) {
     const Plan p = plan_redistribute(Layout(m, parse_placements("P,R"), {6, 5}, DType::bf16),
                                      Layout(m, parse_placements(to), {6, 5}, DType::bf16));
-    const Verification v = verify_on_simulator(p);
+    const Verification v = verified_on(p);
     INFO(v.difference);
     CHECK(v.verified);
   }
@@ -1092,7 +1091,7 @@ TEST_CASE("a step that runs in place reuses the scratch of the block before", "[
     const std::int64_t block = 8 * 16 * size_of(dtype);
     CHECK(placed.peak == block);
     CHECK(workspace_bytes(plan) == block);
-    const Verification v = verify_on_simulator(plan);
+    const Verification v = verified_on(plan);
     CHECK(v.verified);
     CHECK(v.difference == "");
     const SimulatedRun run =
@@ -1127,7 +1126,7 @@ TEST_CASE("a chunk that keeps a slab of its block is read where it lies", "[exec
     CHECK(plan[std::countr_zero(k.views)].kind == StepKind::chunk);
     CHECK(workspace_bytes<SimulatedBackend>(plan) == k.peak);
     CHECK(workspace_bytes(plan) == k.any_peak);
-    const Verification v = verify_on_simulator(plan);
+    const Verification v = verified_on(plan);
     CHECK(v.verified);
     CHECK(v.difference == "");
     for (bool packing : {false, true}) {
@@ -1546,7 +1545,7 @@ TEST_CASE("under Memory::bounded, a reduce-scatter that packs its pieces packs o
                                          Layout(mesh, {Shard(1)}, {7, 10}, dtype),
                                          PlanOptions{.memory = Memory::bounded});
     CHECK(detail::link_operations(other, packs) == (dtype == DType::bf16 ? 1 : 3));
-    CHECK(verify_on_simulator(other).verified);
+    CHECK(verified_on(other).verified);
     run_strided_and_packed(other);
   }
 
@@ -1738,7 +1737,7 @@ TEST_CASE("a reduce-scatter over a pair packs its pieces in its block", "[execut
   REQUIRE(any.steps() == plan.steps());
   CHECK(workspace_bytes<PackingBackend>(any) == 512);
   CHECK(detail::link_operations(plan, packs) == 2);
-  CHECK(verify_on_simulator(plan).verified);
+  CHECK(verified_on(plan).verified);
   check_within_ends(run_strided_and_packed(plan).second, src, dst);
   run_async_packed(plan);
 
@@ -1751,7 +1750,7 @@ TEST_CASE("a reduce-scatter over a pair packs its pieces in its block", "[execut
         const Layout d(square, {Shard(0), Shard(1)}, shape, dtype);
         const Plan q = plan_redistribute(s, d, PlanOptions{.memory = Memory::bounded});
         INFO(explain(q));
-        CHECK(verify_on_simulator(q).verified);
+        CHECK(verified_on(q).verified);
         const auto runs = run_strided_and_packed(q);
         check_within_ends(runs.second, s, d);
         if (dtype == DType::f32) run_async_packed(q);
@@ -1791,7 +1790,7 @@ TEST_CASE("an exchange stages in the room of the own piece it copies last", "[ex
   CHECK(way.send == 128);
   CHECK(way.allocated() == 0);
   CHECK(workspace_bytes<PackingBackend>(plan) == 256);
-  CHECK(verify_on_simulator(plan).verified);
+  CHECK(verified_on(plan).verified);
   check_within_ends(run_strided_and_packed(plan).second, src, dst);
   run_async_packed(plan);
 
@@ -1834,7 +1833,7 @@ TEST_CASE("an exchange from a Partial stages its first round in its target", "[e
   CHECK(way.band_rows == 8);
   CHECK(way.allocated() == 192);
   CHECK(workspace_bytes<PackingBackend>(plan) == 192);
-  CHECK(verify_on_simulator(plan).verified);
+  CHECK(verified_on(plan).verified);
   check_within_ends(run_strided_and_packed(plan).second, src, dst);
   run_async_packed(plan);
 
@@ -1907,7 +1906,7 @@ TEST_CASE("an exchange from a Partial reduces its own partial a band at a time i
   CHECK(second.send == 192);
   CHECK(second.recv == 64);
   CHECK(workspace_bytes<PackingBackend>(plan) == 256);
-  CHECK(verify_on_simulator(plan).verified);
+  CHECK(verified_on(plan).verified);
   check_within_ends(run_strided_and_packed(plan).second, src, dst);
   run_async_packed(plan);
 
@@ -1964,7 +1963,7 @@ TEST_CASE("a reduce-scatter by messages reduces its own partial a band at a time
   CHECK(second.band_rows == 7);
   CHECK(second.allocated() == 84);
   CHECK(workspace_bytes<PackingBackend>(plan) == 84);
-  CHECK(verify_on_simulator(plan).verified);
+  CHECK(verified_on(plan).verified);
   check_within_ends(run_strided_and_packed(plan).second, src, dst);
   run_async_packed(plan);
 
@@ -1999,7 +1998,7 @@ TEST_CASE("by default a large redistribution holds the memory bound where it cos
   const Plan fast = plan_redistribute(src, dst, PlanOptions{.memory = Memory::any});
   INFO(explain(plan));
   REQUIRE(plan.memory_bounded());
-  CHECK(verify_on_simulator(plan).verified);
+  CHECK(verified_on(plan).verified);
   const auto [strided, packed] = run_strided_and_packed(plan);
   bool fast_over = false;
   for (int i = 0; i < mesh.size(); ++i) {
@@ -2042,7 +2041,7 @@ TEST_CASE("local steps in a row run as one pass over the last block", "[execute]
           detail::Stage stages[max_plan_steps];
           const std::size_t n = detail::stages_of(plan, stages);
           if (n < plan.size()) ++fused;
-          const Verification v = verify_on_simulator(plan);
+          const Verification v = verified_on(plan);
           CHECK(v.verified);
           CHECK(v.difference == "");
           // Nothing moves, so nothing is held: the one pass writes the target.

@@ -134,12 +134,12 @@ template <class T>
 using RunOnRanks = void (*)(const Plan&, std::vector<std::vector<T>>& in,
                             std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured);
 
-// Runs the plan on host memory, on a SimulatedWorld.
+// Runs the plan on host memory, on `world` (of the plan's mesh).
 template <class T>
-void run_on_simulator(const Plan& plan, std::vector<std::vector<T>>& in,
+void run_on_simulator(SimulatedWorld& world, const Plan& plan, std::vector<std::vector<T>>& in,
                       std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured) {
   const DeviceMesh& mesh = plan.src().mesh();
-  SimulatedWorld world(mesh);
+  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     execute(plan, b, std::span<const T>(in[i]), std::span<T>(out[i]));
@@ -152,9 +152,10 @@ void check_typed(const Plan& plan, const std::vector<std::vector<T>>& given,
                  const std::vector<std::vector<T>>& in, const std::vector<std::vector<T>>& out,
                  const std::vector<RankBytes>* measured, Verification& report);
 
-// The global-view check of `plan` with `run` executing it.
-template <class T>
-Verification verify_typed(const Plan& plan, RunOnRanks<T> run) {
+// The global-view check of `plan` with `run` executing it (a RunOnRanks<T>, or any callable
+// of its arguments).
+template <class T, class Run>
+Verification verify_typed(const Plan& plan, const Run& run) {
   const Layout& src = plan.src();
   const Layout& dst = plan.dst();
   const DeviceMesh& mesh = src.mesh();
@@ -309,11 +310,24 @@ void check_typed(const Plan& plan, const std::vector<std::vector<T>>& given,
 
 }  // namespace detail
 
+// Runs `plan` on the ranks of `world` with the global view as data and checks every rank.
+// The world must be on the plan's mesh; one kept for many plans starts its threads once.
+inline Verification verify_on_simulator(const Plan& plan, SimulatedWorld& world) {
+  if (!(world.mesh() == plan.src().mesh()))
+    detail::fail<detail::why::world_mesh_mismatch>(world.mesh().shape(), plan.src().mesh().shape());
+  return detail::visit_dtype(plan.src().dtype(), [&]<class T>() {
+    return detail::verify_typed<T>(
+        plan, [&](const Plan& p, std::vector<std::vector<T>>& in, std::vector<std::vector<T>>& out,
+                  std::vector<RankBytes>& measured) {
+          detail::run_on_simulator<T>(world, p, in, out, measured);
+        });
+  });
+}
+
 // Runs `plan` on a simulated mesh with the global view as data and checks every rank.
 inline Verification verify_on_simulator(const Plan& plan) {
-  return detail::visit_dtype(plan.src().dtype(), [&]<class T>() {
-    return detail::verify_typed<T>(plan, &detail::run_on_simulator<T>);
-  });
+  SimulatedWorld world(plan.src().mesh());
+  return verify_on_simulator(plan, world);
 }
 
 // The outcome of verify_batch_on_simulator.

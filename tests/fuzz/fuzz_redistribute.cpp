@@ -23,6 +23,8 @@
 #include <dtensor/dtensor.hpp>
 #include <dtensor/verify.hpp>
 
+#include "../simulated_worlds.hpp"
+
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -379,8 +381,9 @@ bool run_plan(const Plan& plan, std::string_view what, std::string_view context)
   const Layout& src = plan.src();
   if (src.mesh().size() > max_run_ranks || src.global_numel() > max_run_numel) return false;
   const std::string ctx = fmt::format("{}\n{}: {} -> {}", context, what, src, plan.dst());
-  const Verification v =
-      must_succeed("verify_on_simulator", ctx, [&] { return verify_on_simulator(plan); });
+  const Verification v = must_succeed("verify_on_simulator", ctx, [&] {
+    return verify_on_simulator(plan, testing::world_of(src.mesh()));
+  });
   if (!v.verified)
     violation(fmt::format("the simulated run differs from the global view: {}", v.difference),
               fmt::format("{}\n{}", ctx, explain(plan)));

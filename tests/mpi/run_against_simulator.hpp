@@ -10,6 +10,8 @@
 
 #include <fmt/core.h>
 
+#include "../simulated_worlds.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -65,7 +67,7 @@ std::string run_against_simulator(const Layout& src, const Layout& dst, MpiBacke
   MPI_Gatherv(out.data(), mine, MPI_BYTE, all.data(), sizes.data(), offsets.data(), MPI_BYTE, 0,
               MPI_COMM_WORLD);
   if (rank != 0) return problem;
-  const Verification reference = verify_on_simulator(plan);
+  const Verification reference = verify_on_simulator(plan, testing::world_of(mesh));
   if (!reference.verified) return "the simulated reference fails: " + reference.difference;
   const double tolerance = src.dtype() == DType::bf16 ? 1e-2 : is_floating(src.dtype()) ? 1e-6 : 0;
   for (int i = 0; i < mesh.size() && problem.empty(); ++i) {

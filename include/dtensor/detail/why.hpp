@@ -77,6 +77,7 @@ DTENSOR_WHY(batch_internal, "internal error: tensor {} reached a collective out 
 DTENSOR_WHY(no_valid_plan, "internal error: the planner found no valid plan");
 
 DTENSOR_WHY(backend_mesh_mismatch, "the backend's mesh {} is not the plan's mesh {}");
+DTENSOR_WHY(world_mesh_mismatch, "the simulated world's mesh {} is not the plan's mesh {}");
 DTENSOR_WHY(buffer_too_small, "the {} buffer holds {} bytes, but rank {} needs {}");
 DTENSOR_WHY(buffers_overlap,
             "the source and target buffers overlap on rank {} ({} bytes in common): the source "
