@@ -281,6 +281,13 @@ TEST_CASE("a plan run on a backend whose mesh differs", "[bad][execute]") {
                     "the simulated world's mesh 2x2 is not the plan's mesh 4");
   SimulatedWorld right(DeviceMesh({4}));
   CHECK(verify_on_simulator(plan, right).verified);
+  // So does verify_batch_on_simulator.
+  const std::vector<Redistribution> tensors{{plan.src(), plan.dst()}, {plan.dst(), plan.src()}};
+  const BatchPlan<> batch = plan_batch(std::span<const Redistribution>(tensors));
+  CHECK_THROWS_WITH(verify_batch_on_simulator(batch, world),
+                    "the simulated world's mesh 2x2 is not the plan's mesh 4");
+  CHECK(verify_batch_on_simulator(batch, right).verified);
+  CHECK(verify_on_simulator(plan, right).verified);
 }
 
 TEMPLATE_TEST_CASE("NaN and Inf in reductions are propagated, not hidden", "[bad][execute]", float,

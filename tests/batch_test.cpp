@@ -5,6 +5,7 @@
 
 #include "forwarding_backend.hpp"
 #include "random_redistribution.hpp"
+#include "simulated_worlds.hpp"
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -146,7 +147,7 @@ TEST_CASE("FSDP: a layer's parameters gathered in one collective per step", "[ba
   CHECK(b.collectives_unbatched() == 7);
   CHECK(b.saving_us() > 0);
   CHECK(b.est_us() < b.est_us_unbatched());
-  const BatchVerification v = verify_batch_on_simulator(b);
+  const BatchVerification v = testing::verified_batch(b);
   INFO(v.difference);
   CHECK(v.verified);
   CHECK(v.collectives == 2);
@@ -177,7 +178,7 @@ TEST_CASE("FSDP: a layer's parameters gathered in one collective per step", "[ba
   const BatchPlan<16> padded =
       plan_batch<16>(params, {.padding = Padding::always, .allow_exchange = false});
   CHECK(padded.collectives() == 1);
-  const BatchVerification vp = verify_batch_on_simulator(padded);
+  const BatchVerification vp = testing::verified_batch(padded);
   INFO(vp.difference);
   CHECK(vp.verified);
   CHECK(vp.collectives == 1);
@@ -249,7 +250,7 @@ TEST_CASE("gradients reduced together: one all-reduce per dtype, or one message 
     CHECK(r.kind == StepKind::all_reduce);
     CHECK(r.tensors == 3);
   }
-  const BatchVerification v = verify_batch_on_simulator(b);
+  const BatchVerification v = testing::verified_batch(b);
   INFO(v.difference);
   CHECK(v.verified);
   CHECK(v.collectives == 2);
@@ -270,7 +271,7 @@ TEST_CASE("gradients reduced together: one all-reduce per dtype, or one message 
   CHECK(small.rounds()[0].tensors == 6);
   CHECK(small.point_to_point(0, 0));
   CHECK(small.est_us() < small.est_us_unbatched());
-  const BatchVerification vs = verify_batch_on_simulator(small);
+  const BatchVerification vs = testing::verified_batch(small);
   INFO(vs.difference);
   CHECK(vs.verified);
   CHECK(vs.collectives == 1);
@@ -291,7 +292,7 @@ TEST_CASE("aligned plans: no more collectives than the longest one", "[batch]") 
   int longest = 0;
   for (const Plan& p : b) longest = std::max(longest, p.communication_steps());
   CHECK(b.collectives() == longest);
-  const BatchVerification v = verify_batch_on_simulator(b);
+  const BatchVerification v = testing::verified_batch(b);
   INFO(v.difference);
   CHECK(v.verified);
   std::int64_t most = 0;
@@ -318,7 +319,7 @@ TEST_CASE("exchanges into a Partial share one point-to-point round with other ex
   }
   CHECK(detail::makes_partial(b[0][0].before, b[0][0].after));
   CHECK(b.collectives() == 1);
-  const BatchVerification v = verify_batch_on_simulator(b);
+  const BatchVerification v = testing::verified_batch(b);
   INFO(v.difference);
   CHECK(v.verified);
   CHECK(v.collectives == 1);
@@ -337,7 +338,7 @@ TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every ran
         std::vector<Redistribution> batch;
         for (int t = 0; t < size; ++t) batch.push_back(testing::random_redistribution(rng, mesh));
         const BatchPlan<16> b = plan_batch<16>(batch);
-        const BatchVerification v = verify_batch_on_simulator(b);
+        const BatchVerification v = testing::verified_batch(b);
         INFO(fmt::format("mesh {} batch of {}: {}", mesh.shape(), size, v.difference));
         REQUIRE(v.verified);
         std::int64_t singles = 0;
@@ -350,7 +351,7 @@ TEST_CASE("random batches of 1 to 16 mixed tensors: the global view on every ran
         std::int64_t most = 0;
         for (const Redistribution& r : batch) most = std::max(most, alone(r));
         const BatchPlan<16> f = plan_batch<16>(batch, {}, BatchSchedule::fewest_calls);
-        const BatchVerification vf = verify_batch_on_simulator(f);
+        const BatchVerification vf = testing::verified_batch(f);
         INFO(vf.difference);
         REQUIRE(vf.verified);
         CHECK(vf.collectives <= most);
@@ -413,7 +414,7 @@ void check_round_from_buffers(const BatchPlan<8>& b, StepKind kind) {
   REQUIRE(b.rounds()[0].kind == kind);
   CHECK(workspace_bytes<SimulatedBackend>(b) == 0);
   CHECK(workspace_bytes(b) > 0);
-  const BatchVerification v = verify_batch_on_simulator(b);
+  const BatchVerification v = testing::verified_batch(b);
   INFO(v.difference);
   CHECK(v.verified);
   CHECK(v.collectives == 2);  // one per group of mesh dim 1

@@ -117,7 +117,6 @@ Outcome run_plan(const Plan& plan) {
   }
   const std::vector<std::vector<T>> untouched = in;
   SimulatedWorld& world = world_of(mesh);
-  world.reset_counters();
   std::vector<ExecuteStats> stats(static_cast<std::size_t>(n));
   world.run([&](SimulatedBackend& b) {
     const auto r = static_cast<std::size_t>(b.rank());
@@ -403,7 +402,6 @@ std::vector<std::vector<double>> run_plan(const Plan& plan,
     out[static_cast<std::size_t>(r)].resize(
         static_cast<std::size_t>(plan.dst().local_box(r).numel()));
   SimulatedWorld& world = world_of(mesh);
-  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto r = static_cast<std::size_t>(b.rank());
     execute(plan, b, std::span<const double>(in[r]), std::span<double>(out[r]));
@@ -497,7 +495,6 @@ SimulatedRun run_simulated(const Plan& plan, bool packing) {
   SimulatedRun run;
   run.scratch_peak.resize(n);
   SimulatedWorld& world = world_of(mesh);
-  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     ExecuteStats stats;
@@ -703,7 +700,6 @@ void run_scattering_by_messages(const Plan& plan, std::vector<std::vector<T>>& i
                                 std::vector<RankBytes>& measured) {
   const DeviceMesh& mesh = plan.src().mesh();
   SimulatedWorld& world = world_of(mesh);
-  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     MessageScatterBackend m(b, reduce_by_messages_from);
@@ -793,7 +789,6 @@ TEST_CASE("a backend instance sets its own threshold for reductions by messages"
       }
       collectives[never] = MessageScatterBackend::calls;
       SimulatedWorld& world = world_of(mesh);
-      world.reset_counters();
       world.run([&](SimulatedBackend& b) {
         if (b.rank() != 0) return;
         // The busiest rank's figure for this instance, no less than this rank's (each checked
@@ -1204,7 +1199,6 @@ void run_async_on_packing(const Plan& plan, std::vector<std::vector<float>>& in,
                           std::vector<std::vector<float>>& out, std::vector<RankBytes>& measured) {
   const DeviceMesh& mesh = plan.src().mesh();
   SimulatedWorld& world = world_of(mesh);
-  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     PackingBackend p(b);

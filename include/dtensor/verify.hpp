@@ -354,12 +354,12 @@ using RankBlocks = std::vector<std::vector<std::vector<std::byte>>>;
 using RunBatchOnRanks = std::int64_t (*)(const void* batch, RankBlocks& in, RankBlocks& out,
                                          std::vector<RankBytes>& measured);
 
+// Runs `batch` on `world` (of the batch's mesh), as RunBatchOnRanks says.
 template <std::size_t N>
-std::int64_t run_batch_on_simulator(const void* batch, RankBlocks& in, RankBlocks& out,
-                                    std::vector<RankBytes>& measured) {
-  const auto& plan = *static_cast<const BatchPlan<N>*>(batch);
+std::int64_t run_batch_on_simulator(SimulatedWorld& world, const BatchPlan<N>& plan, RankBlocks& in,
+                                    RankBlocks& out, std::vector<RankBytes>& measured) {
   const DeviceMesh& mesh = plan[0].src().mesh();
-  SimulatedWorld world(mesh);
+  world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
     std::vector<TensorBuffers> buffers;
@@ -371,9 +371,10 @@ std::int64_t run_batch_on_simulator(const void* batch, RankBlocks& in, RankBlock
   return world.collectives();
 }
 
-// The global-view check of `batch`, run by `run`.
-template <std::size_t N>
-BatchVerification verify_batch(const BatchPlan<N>& batch, RunBatchOnRanks run) {
+// The global-view check of `batch`, run by `run` (a RunBatchOnRanks, or any callable of its
+// arguments).
+template <std::size_t N, class Run>
+BatchVerification verify_batch(const BatchPlan<N>& batch, const Run& run) {
   BatchVerification report;
   if (batch.empty()) {
     report.verified = true;
@@ -432,12 +433,32 @@ BatchVerification verify_batch(const BatchPlan<N>& batch, RunBatchOnRanks run) {
 
 }  // namespace detail
 
-// Runs the batched plan on a simulated mesh, every tensor's global view as its data, and checks
-// every tensor on every rank, the bytes each rank moved against batch_rank_bytes, and counts the
-// backend's collectives.
+// Runs the batched plan on the ranks of `world`, every tensor's global view as its data, and
+// checks every tensor on every rank, the bytes each rank moved against batch_rank_bytes, and
+// counts the backend's collectives. The world must be on the batch's mesh; one kept for many
+// batches starts its threads once.
+template <std::size_t N>
+BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch, SimulatedWorld& world) {
+  if (!batch.empty() && !(world.mesh() == batch[0].src().mesh()))
+    detail::fail<detail::why::world_mesh_mismatch>(world.mesh().shape(),
+                                                   batch[0].src().mesh().shape());
+  return detail::verify_batch(
+      batch, [&](const void*, detail::RankBlocks& in, detail::RankBlocks& out,
+                 std::vector<RankBytes>& measured) {
+        return detail::run_batch_on_simulator(world, batch, in, out, measured);
+      });
+}
+
+// verify_batch_on_simulator on a fresh simulated world of the batch's mesh.
 template <std::size_t N>
 BatchVerification verify_batch_on_simulator(const BatchPlan<N>& batch) {
-  return detail::verify_batch(batch, &detail::run_batch_on_simulator<N>);
+  if (batch.empty()) {
+    BatchVerification nothing;
+    nothing.verified = true;
+    return nothing;
+  }
+  SimulatedWorld world(batch[0].src().mesh());
+  return verify_batch_on_simulator(batch, world);
 }
 
 }  // namespace dtensor

@@ -407,7 +407,7 @@ bool run_batch(const Layout& src, const Layout& dst, const Options& o, std::stri
                           batch->collectives(), batch->collectives_unbatched()),
               ctx);
   const BatchVerification v = must_succeed("verify_batch_on_simulator", ctx,
-                                           [&] { return verify_batch_on_simulator(*batch); });
+                                           [&] { return testing::verified_batch(*batch); });
   if (!v.verified)
     violation(fmt::format("the batched run differs: {}", v.difference),
               fmt::format("{}\n{}", ctx, explain(*batch)));
