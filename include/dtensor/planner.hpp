@@ -1979,6 +1979,11 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
                                        plan_builder::incumbent(best), &probe);
     if (better(p, best, options.objective)) best = p;
   };
+  // Into a target without Partials but those kept, that exchange is the one below (its end is
+  // the target): tried there alone.
+  bool makes_target_partials = false;
+  for (int k = 0; k < static_cast<int>(b.size()); ++k)
+    makes_target_partials = makes_target_partials || (b[k].is_partial() && !(a[k] == b[k]));
   int prefixes = 1;  // the combinations of the chunked and reduced dims' choices
   for (int i = 0; i < num_reduced + num_chunked && all; ++i) prefixes *= choices;
   // A choice of S(d) where the natural placement is S(d) repeats the combination with choice 0
@@ -2022,8 +2027,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       prefix.push_back({k, a[k], to});
       mid[k] = to;
     }
-    if (num_made + num_reduced > 0 && combo < prefixes && same_as == combo)
-      into_partial(prefix, mid);
+    if (makes_target_partials && combo < prefixes && same_as == combo) into_partial(prefix, mid);
     Placements end = mid;
     for (int i = 0; i < num_made; ++i) {
       const int k = made[i];
