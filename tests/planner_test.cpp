@@ -2638,4 +2638,23 @@ TEST_CASE("a target Partial of another op, several target Partials, a Partial fi
   const Plan early = plan_redistribute(layout(m24, "S(0),R", shape), layout(m24, "S(1),P", shape));
   CHECK(kinds(early) == std::vector{K::chunk, K::all_gather, K::fill, K::chunk});
   CHECK(early.bytes_recv_max() == bytes / 8);
+
+  // (S(0), P(sum)) -> (P(max), S(0)) on 2x4: the fill of mesh dim 0 cannot follow the
+  // reduce-scatter of mesh dim 1 to S(0) (that shard nests inside mesh dim 0's), so mesh dim 0
+  // first moves its shard to the columns, and fills last: two collectives' latency where the
+  // reduce-scatter and exchange took 10 us by the default model, and (S(1), P(sum)) -> (P(max),
+  // S(1)) 12 us (reduce-scatter, gather, fill).
+  const CostModel& model = CostModel::defaults(m24);
+  for (const char* d : {"0", "1"}) {
+    const std::string from = std::string("S(") + d + "),P(sum)";
+    const std::string to = std::string("P(max),S(") + d + ")";
+    const Plan moved =
+        plan_redistribute(layout(m24, from.c_str(), shape), layout(m24, to.c_str(), shape));
+    INFO(explain(moved));
+    CHECK(kinds(moved) == std::vector{K::all_to_all, K::reduce_scatter, K::fill});
+    CHECK(moved[0].mesh_dim == 0);
+    CHECK(moved[1].mesh_dim == 1);
+    CHECK(moved.est_us() < model.dims[0].latency_us + 3 * model.dims[1].latency_us + 0.01);
+    CHECK(verify_on_simulator(moved).verified);
+  }
 }
