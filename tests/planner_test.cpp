@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -2335,6 +2336,54 @@ TEST_CASE("Memory::automatic: the bound where blocks are large and it costs litt
     CHECK(at[0].memory_bounded());
     CHECK(at[1].memory_bounded());
   }
+}
+
+// Memory::automatic's second search prunes against the slack (a bar, plan_builder::bar): it must
+// choose as a full bounded search would: where it seeks the bound (a large end), the fastest
+// plan where that one holds the bound, else the bounded plan within the slack, else the fastest.
+// Pairs of five placements per mesh dim (every pair on 4 and 2x4 ranks, every seventh on 2x2x2),
+// even and uneven, both objectives.
+TEST_CASE("Memory::automatic: the bounded search under the slack's bar chooses as a full one",
+          "[planner][memory]") {
+  const char* const places[] = {"R", "S(0)", "S(1)", "P(sum)", "P(max)"};
+  int bounded_plans = 0, fastest_plans = 0;
+  for (const DeviceMesh& mesh : {DeviceMesh({4}), DeviceMesh({2, 4}), DeviceMesh({2, 2, 2})}) {
+    std::vector<std::string> all{""};
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      std::vector<std::string> longer;
+      for (const std::string& prefix : all)
+        for (const char* p : places) longer.push_back(prefix + (k == 0 ? "" : ",") + p);
+      all = longer;
+    }
+    for (const Shape& shape : {Shape{1024, 512}, Shape{1023, 510}})
+      for (const Objective objective : {Objective::time, Objective::bytes})
+        for (std::size_t i = 0; i < all.size() * all.size(); i += mesh.ndim() == 3 ? 7 : 1) {
+          const std::string& from = all[i / all.size()];
+          const std::string& to = all[i % all.size()];
+          const Layout src = layout(mesh, from.c_str(), shape),
+                       dst = layout(mesh, to.c_str(), shape);
+          const Plan fast =
+              plan_redistribute(src, dst, {.objective = objective, .memory = Memory::any});
+          const Plan held =
+              plan_redistribute(src, dst, {.objective = objective, .memory = Memory::bounded});
+          const bool cheap = objective == Objective::bytes
+                                 ? held.bytes_recv_max() <= fast.bytes_recv_max()
+                                 : held.est_us() <= 1.1 * fast.est_us();
+          const bool take_held = detail::seeks_bound(src, dst, {}) &&
+                                 !detail::plan_builder::holds_bound(fast) && cheap &&
+                                 detail::plan_builder::holds_bound(held);
+          const Plan& expected = take_held ? held : fast;
+          const Plan chosen = plan_redistribute(src, dst, {.objective = objective});
+          INFO(fmt::format("{} {} {} -> {}", mesh.shape(), shape, from, to));
+          CHECK(chosen.steps() == expected.steps());
+          CHECK(chosen.est_us() == expected.est_us());
+          CHECK(chosen.bytes_recv_max() == expected.bytes_recv_max());
+          (take_held ? bounded_plans : fastest_plans) += 1;
+        }
+  }
+  // Both outcomes are exercised.
+  CHECK(bounded_plans > 100);
+  CHECK(fastest_plans > 100);
 }
 
 TEST_CASE("seed 002: sequence-parallel all-to-all and split/gather with grad_scale",

@@ -3,29 +3,20 @@
 // (dtensor-plan's spellings), and prints one line per case: the nanoseconds of one
 // plan_redistribute(src, dst) call with default options, then the plan's step count; or, for a
 // case dtensor refuses, "error" (the reason goes to stderr).
-#include <dtensor/dtensor.hpp>
+#include "../plan_cases.hpp"
 
 #include <fmt/core.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <exception>
 #include <iostream>
-#include <sstream>
-#include <string>
 
 namespace {
 
 using namespace dtensor;
+using bench::keep;
 using clock_type = std::chrono::steady_clock;
-
-// Keeps the compiler from hoisting or dropping a computation on `value` (what Google
-// Benchmark's DoNotOptimize does).
-template <class T>
-void keep(const T& value) {
-  __asm__ __volatile__("" : : "g"(&value) : "memory");
-}
 
 // Nanoseconds per call of plan_redistribute(src, dst): the fastest of 7 batches of at least
 // 200 µs (on a shared machine, slower batches measure other processes).
@@ -49,26 +40,11 @@ double time_plan(const Layout& src, const Layout& dst) {
 }  // namespace
 
 int main() {
-  std::string line;
-  while (std::getline(std::cin, line)) {
-    std::istringstream fields(line);
-    std::string mesh, shape, dtype, from, to;
-    if (!(fields >> mesh >> shape >> dtype >> from >> to)) {
-      fmt::print(stderr, "plan_time: expected 'MESH SHAPE DTYPE FROM TO', got '{}'\n", line);
-      return 2;
-    }
-    try {
-      const DeviceMesh m = parse_mesh(mesh);
-      const Shape s = parse_shape(shape);
-      const DType t = parse_dtype(dtype);
-      const Layout src(m, parse_placements(from), s, t);
-      const Layout dst(m, parse_placements(to), s, t);
-      const double ns = time_plan(src, dst);
-      fmt::print("{:.1f} {}\n", ns, plan_redistribute(src, dst).size());
-    } catch (const std::exception& e) {
-      fmt::print("error\n");
-      fmt::print(stderr, "plan_time: {}: {}\n", line, e.what());
-    }
-  }
-  return 0;
+  return bench::for_each_plan_case(
+      std::cin, "plan_time",
+      [](const Layout& src, const Layout& dst) {
+        const double ns = time_plan(src, dst);
+        fmt::print("{:.1f} {}\n", ns, plan_redistribute(src, dst).size());
+      },
+      [] { fmt::print("error\n"); });
 }

@@ -1683,6 +1683,30 @@ struct plan_builder {
   static constexpr const Plan* incumbent(const Plan& best) noexcept {
     return best.fits_ && !best.pruned_ ? &best : nullptr;
   }
+  // A bar the search's plan must meet to be of use (Memory::automatic's bounded search, whose
+  // plan is taken only within memory_slack of the fastest): `plan` with the time (objective time)
+  // or the receives (objective bytes) set to the bar and the other unbounded. Stands in as the
+  // incumbent (see the overload below), never as a result.
+  static constexpr Plan bar(const Plan& plan, double us, std::int64_t recv) noexcept {
+    Plan out = plan;
+    const bool by_bytes = plan.options_.objective == Objective::bytes;
+    out.est_us_ = by_bytes ? 1e300 : us;
+    out.bytes_recv_max_ = by_bytes ? recv : INT64_MAX;
+    out.fits_ = true;
+    out.pruned_ = false;
+    return out;
+  }
+  // The plan a candidate must beat under a bar (null: none): the best so far where it is an
+  // incumbent that meets the bar, else the bar.
+  static constexpr const Plan* incumbent(const Plan& best, const Plan* bar) noexcept {
+    if (bar == nullptr) return incumbent(best);
+    const Plan* kept = incumbent(best);
+    if (kept == nullptr) return bar;
+    const bool within = bar->options_.objective == Objective::bytes
+                            ? kept->bytes_recv_max_ <= bar->bytes_recv_max_
+                            : kept->est_us_ <= bar->est_us_;
+    return within ? kept : bar;
+  }
 
   static constexpr void set_lower_bound(Plan& plan, std::int64_t bytes) noexcept {
     plan.lower_bound_ = bytes;
@@ -1912,8 +1936,9 @@ constexpr void append_made_partials(Transitions& ts, const Placements& from, con
 // to `consider` without it, as transitions (search_plan's, which skips those built already).
 template <class Consider>
 constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOptions& options,
-                             const MeshCoord& probe, Plan& best, bool from_partial,
+                             const MeshCoord& probe, Plan& best, const Plan* bar, bool from_partial,
                              Consider&& consider) {
+  auto beaten = [&] { return plan_builder::incumbent(best, bar); };
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
@@ -1952,9 +1977,9 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       consider(ts);
       return;
     }
-    if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr) {
+    if (options.objective == Objective::time && beaten() != nullptr) {
       const CostModel& model = options.cost_model;
-      const double beat = plan_builder::time_to_beat(best);
+      const double beat = plan_builder::time_to_beat(*beaten());
       if (exchange_plan_floor_us(src, prefix, mid, b, probe, model, beat) > beat ||
           exchange_plan_floor_us(src, prefix, mid, mid, probe, model) +
                   partial_exchange_cost(src, mid, b, probe, model, false).us >
@@ -1964,9 +1989,9 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // Under the bytes objective, the probe's receives in the transitions and the exchange must
     // not exceed the best plan's: first with its even share of what its group lacks, then with
     // its exact receives.
-    if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr) {
+    if (options.objective == Objective::bytes && beaten() != nullptr) {
       const std::int64_t before = probe_bytes(src, prefix, probe, options.cost_model);
-      const std::int64_t most = best.bytes_recv_max();
+      const std::int64_t most = beaten()->bytes_recv_max();
       if (bytes_add(before, bytes_mul(partial_share_floor(src, mid, b, probe), src.elem_bytes())) >
               most ||
           bytes_add(
@@ -1976,8 +2001,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
         return;
     }
     const Placements end = b;  // a local: g++ 12 cannot compare a temporary's address to null
-    const Plan p = plan_builder::build(src, dst, prefix, &end, {}, options,
-                                       plan_builder::incumbent(best), &probe);
+    const Plan p = plan_builder::build(src, dst, prefix, &end, {}, options, beaten(), &probe);
     if (better(p, best, options.objective)) best = p;
   };
   // Into a target without Partials but those kept, that exchange is the one below (its end is
@@ -2041,21 +2065,21 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     append_made_partials(suffix, end, b);
     if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
-    if (options.objective == Objective::time && plan_builder::incumbent(best) != nullptr &&
+    if (options.objective == Objective::time && beaten() != nullptr &&
         exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model,
-                               plan_builder::time_to_beat(best)) > plan_builder::time_to_beat(best))
+                               plan_builder::time_to_beat(*beaten())) >
+            plan_builder::time_to_beat(*beaten()))
       continue;
     // Under the bytes objective, the probe's receives in the transitions and what it lacks of
     // its block after the exchange (every rank receives exactly that) must not exceed the best
     // plan's.
-    if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr &&
+    if (options.objective == Objective::bytes && beaten() != nullptr &&
         bytes_add(probe_bytes(src, prefix, probe, options.cost_model),
                   bytes_mul(makes_partial(mid, end) ? partial_share_floor(src, mid, end, probe)
                                                     : missing_elements(src, mid, end, probe),
-                            src.elem_bytes())) > best.bytes_recv_max())
+                            src.elem_bytes())) > beaten()->bytes_recv_max())
       continue;
-    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options,
-                                       plan_builder::incumbent(best), &probe);
+    const Plan p = plan_builder::build(src, dst, prefix, &end, suffix, options, beaten(), &probe);
     if (better(p, best, options.objective)) {
       best = p;
       last_change = combo;
@@ -2092,18 +2116,17 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // share, shared_targets_floor); then, on the rank that lacks the most outside its
     // group's block (the probe where the bound says which is busiest, often not here), those of
     // its group's rounds, then its own second round exactly.
-    const bool timed =
-        options.objective == Objective::time && plan_builder::incumbent(best) != nullptr;
+    const bool timed = options.objective == Objective::time && beaten() != nullptr;
     const unsigned dims = reduced_partials(a, to).dims;
     for (const bool chunk : {false, true}) {
       if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
       const Placements& from = chunk ? chunked : a;
       // Under the bytes objective, a floor first (the chunks receive nothing).
-      if (options.objective == Objective::bytes && plan_builder::incumbent(best) != nullptr &&
+      if (options.objective == Objective::bytes && beaten() != nullptr &&
           bytes_mul(reducing_exchange_elements_floor(src, from, to, probe), src.elem_bytes()) >
-              best.bytes_recv_max())
+              beaten()->bytes_recv_max())
         continue;
-      const double beat = timed ? plan_builder::time_to_beat(best) : 0;
+      const double beat = timed ? plan_builder::time_to_beat(*beaten()) : 0;
       const CostModel& model = options.cost_model;
       double shared = 0;
       auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
@@ -2139,9 +2162,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
             continue;
         }
         if (by_elements && !cuts_by_elements(src, from, to, dims)) break;
-        const Plan p =
-            plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, make, options,
-                                plan_builder::incumbent(best), &probe, by_elements);
+        const Plan p = plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, make,
+                                           options, beaten(), &probe, by_elements);
         if (better(p, best, options.objective)) best = p;
       }
     }
@@ -2316,7 +2338,7 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
 
 namespace detail {
 constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
-                           bool exchange_from_partial);
+                           bool exchange_from_partial, const Plan* bar = nullptr);
 
 // The bytes of the larger of the source and target blocks of the rank holding the largest: the
 // origin's (Layout::max_local_bytes).
@@ -2349,11 +2371,14 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, const Pla
     bounded = plan_builder::holds_bound(plan);
     if (!bounded) {
       search.memory = Memory::bounded;
-      const Plan held = search_plan(src, dst, search, exchange_from_partial);
+      const double slow = (1 + options.memory_slack) * plan.est_us();
+      // Only a plan within the slack is of use: the search prunes against that bar.
+      const Plan bar = plan_builder::bar(plan, slow, plan.bytes_recv_max());
+      const Plan held = search_plan(src, dst, search, exchange_from_partial, &bar);
       const bool cheap = options.objective == Objective::bytes
                              ? held.bytes_recv_max() <= plan.bytes_recv_max()
-                             : held.est_us() <= (1 + options.memory_slack) * plan.est_us();
-      if (cheap && plan_builder::holds_bound(held)) {
+                             : held.est_us() <= slow;
+      if (cheap && !plan_builder::pruned(held) && plan_builder::holds_bound(held)) {
         plan = held;
         bounded = true;
       }
@@ -2372,9 +2397,11 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
                            options.memory == Memory::automatic && seeks_bound(src, dst, options));
 }
 
-// The search of plan_redistribute under Memory::any or Memory::bounded.
+// The search of plan_redistribute under Memory::any or Memory::bounded. With a `bar`
+// (plan_builder::bar), candidates that cannot meet it are pruned as if it were the best plan so
+// far, and the plan returned may be pruned (none met it) or not meet it: the caller checks.
 constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
-                           bool exchange_from_partial) {
+                           bool exchange_from_partial, const Plan* bar) {
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
@@ -2450,14 +2477,15 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
         detail::bytes_mul(detail::kept_partial_elements(src, dst), src.elem_bytes());
     bound = kept > bound ? kept : bound;
   }
+  // The plan candidates are costed against: the best so far, or the bar.
+  auto beaten = [&] { return detail::plan_builder::incumbent(best, bar); };
   // Under the time objective, transitions whose messages' latency alone takes longer than the
   // best plan so far make no better plan, in any order (latency_floor_us): neither built nor
   // ordered.
-  auto latency_loses = [&](const detail::Transitions& ts) {
-    return options.objective == Objective::time &&
-           detail::plan_builder::incumbent(best) != nullptr &&
+  auto latency_loses = [&](const detail::Transitions& ts, const Plan* incumbent) {
+    return options.objective == Objective::time && incumbent != nullptr &&
            detail::latency_floor_us(src, ts, options.cost_model) >
-               detail::plan_builder::time_to_beat(best);
+               detail::plan_builder::time_to_beat(*incumbent);
   };
   // The transitions built so far (the first plan's and those of `built`, the first 8 built
   // after it): built again, they would make the same plan, which cannot beat the best so far (no
@@ -2474,9 +2502,9 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   auto consider = [&](const detail::Transitions& ts) {
     if (already_built(ts)) return;
     if (built.size() < Built::capacity()) built.push_back(ts);
-    if (latency_loses(ts)) return;
-    const Plan p = detail::plan_builder::build(src, dst, ts, options,
-                                               detail::plan_builder::incumbent(best), &probe);
+    const Plan* incumbent = beaten();
+    if (latency_loses(ts, incumbent)) return;
+    const Plan p = detail::plan_builder::build(src, dst, ts, options, incumbent, &probe);
     if (detail::better(p, best, options.objective)) best = p;
   };
   // The same transitions with all-to-alls where they fit.
@@ -2494,7 +2522,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   };
   // The same for transitions not yet ordered: their cheapest order, unless they cannot win.
   auto consider_cheapest_order = [&](const detail::Transitions& ts) {
-    if (!latency_loses(ts)) consider_order(detail::cheapest_order(src, ts, options));
+    if (!latency_loses(ts, beaten())) consider_order(detail::cheapest_order(src, ts, options));
   };
   if (above_bound()) {
     const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
@@ -2553,7 +2581,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // An exchange moves no fewer bytes than the bound and pays point-to-point latency: only
   // worth trying when the collectives move more.
   if (options.allow_exchange && !(a == b) && above_bound())
-    detail::try_exchanges(src, dst, options, probe, best, exchange_from_partial, consider);
+    detail::try_exchanges(src, dst, options, probe, best, bar, exchange_from_partial, consider);
   // Under the time objective a plan at the bound is not yet the fastest: an exchange that
   // reaches it (each rank receiving what it lacks, point to point) can be slower than the
   // collectives below that reach it too, e.g. (P, P) -> (R, R) on 4x3, so they run (their
@@ -2580,7 +2608,10 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
         return above_bound() || timed;
       });
   }
-  if (detail::plan_builder::pruned(best)) detail::fail<detail::why::no_valid_plan>();
+  if (detail::plan_builder::pruned(best)) {
+    if (bar != nullptr) return best;
+    detail::fail<detail::why::no_valid_plan>();
+  }
   detail::plan_builder::finish(best);
   detail::plan_builder::set_lower_bound(best, bound);
   return best;
