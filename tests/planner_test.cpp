@@ -2706,4 +2706,22 @@ TEST_CASE("a target Partial of another op, several target Partials, a Partial fi
     CHECK(moved.est_us() < model.dims[0].latency_us + 3 * model.dims[1].latency_us + 0.01);
     CHECK(verify_on_simulator(moved).verified);
   }
+
+  // (P(sum), P(sum), P(max)) -> (P(sum), S(1), S(0)) on 2x2x2: mesh dim 0's sum cannot be kept
+  // while the max inside it is reduced (sum and max do not commute), and its fill cannot follow
+  // mesh dim 2's reduce-scatter to S(0) (nested inside mesh dim 0's S(0)). Mesh dim 2 is
+  // reduce-scattered to S(1) instead and all-to-all'd to S(0) after the fill: four collectives
+  // of one latency each (8 us by the default model), where reducing every Partial first took 12.
+  const DeviceMesh m222({2, 2, 2});
+  const CostModel& model3 = CostModel::defaults(m222);
+  for (const auto& [from, to] : {std::pair{"P(sum),P(sum),P(max)", "P(sum),S(1),S(0)"},
+                                 std::pair{"P(sum),P(max),P(sum)", "P(sum),S(0),S(1)"}}) {
+    const Plan around = plan_redistribute(layout(m222, from, shape), layout(m222, to, shape));
+    INFO(explain(around));
+    CHECK(kinds(around) == std::vector{K::reduce_scatter, K::reduce_scatter, K::reduce_scatter,
+                                       K::fill, K::all_to_all});
+    CHECK(around[3].mesh_dim == 0);
+    CHECK(around.est_us() < 4 * model3.dims[0].latency_us + 0.01);
+    CHECK(verify_on_simulator(around).verified);
+  }
 }
