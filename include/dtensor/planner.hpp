@@ -394,31 +394,22 @@ constexpr Transitions scatter_target_partials(const Placements& a, const Placeme
 // mesh dim 0 to (S(1), S(0)), all-gather mesh dim 1, fill mesh dim 0, two thirds of the bytes of
 // the all-gather alone. (R, P) -> (P, S(0)) on 2x2: chunk mesh dim 0 to S(1), reduce-scatter mesh
 // dim 1, fill mesh dim 0, half the bytes of the reduce-scatter of the whole block.
-constexpr Transitions scatter_target_partial(const Placements& a, const Placements& b, int k,
-                                             int d) {
+//
+// With e >= 0, for where the fill cannot run at the end because the target shards tensor dim d
+// on mesh dims inside k too (the fill would change their pieces' meaning): those shards are made
+// S(e) in between instead, and moved to S(d) after the fill (all-to-alls). Where the source holds
+// Partials of ops that do not commute with the target's on k, the fill cannot run before their
+// reductions either, and this is the only way the group along k splits the work: (P(sum),
+// P(sum), P(max)) -> (P(sum), S(1), S(0)) on 2x2x2 reduce-scatters mesh dims 1, 0 and 2 (to
+// S(1), S(0), S(1)), fills mesh dim 0 and all-to-alls mesh dim 2 to S(0), 8 us by the default
+// model where reducing every Partial first took 12.
+constexpr Transitions scatter_target_partial(const Placements& a, const Placements& b, int k, int d,
+                                             int e = -1) {
   Placements mid = a, end = b;
   mid[k] = end[k] = Placement::shard(d);
-  Transitions out;
-  if (!(a[k] == mid[k])) out.push_back({k, a[k], mid[k]});
-  for (const Transition& t : reductions_first(mid, greedy_transitions(mid, end))) out.push_back(t);
-  out.push_back({k, end[k], b[k]});
-  return out;
-}
-
-// scatter_target_partial where the fill on mesh dim k cannot run at the end: the target shards
-// tensor dim d on mesh dims inside k too (the fill would change their pieces' meaning). Those
-// shards are made S(e) in between instead, and moved to S(d) after the fill (all-to-alls).
-// Where the source holds Partials of ops that do not commute with the target's on k, the fill
-// cannot run before their reductions either, and this is the only way the group along k splits
-// the work: (P(sum), P(sum), P(max)) -> (P(sum), S(1), S(0)) on 2x2x2 reduce-scatters mesh dims
-// 1, 0 and 2 (to S(1), S(0), S(1)), fills mesh dim 0 and all-to-alls mesh dim 2 to S(0), 8 us by
-// the default model where reducing every Partial first took 12.
-constexpr Transitions scatter_target_partial_around(const Placements& a, const Placements& b, int k,
-                                                    int d, int e) {
-  Placements mid = a, end = b;
-  mid[k] = end[k] = Placement::shard(d);
-  for (std::size_t j = static_cast<std::size_t>(k) + 1; j < b.size(); ++j)
-    if (b[j].is_shard(d)) end[j] = Placement::shard(e);
+  if (e >= 0)
+    for (std::size_t j = static_cast<std::size_t>(k) + 1; j < b.size(); ++j)
+      if (b[j].is_shard(d)) end[j] = Placement::shard(e);
   Transitions out;
   if (!(a[k] == mid[k])) out.push_back({k, a[k], mid[k]});
   for (const Transition& t : reductions_first(mid, greedy_transitions(mid, end))) out.push_back(t);
@@ -2088,11 +2079,11 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     append_made_partials(suffix, end, b);
     if (same_as != combo && last_change <= same_as) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
-    if (options.objective == Objective::time && beaten() != nullptr &&
-        exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model,
-                               plan_builder::time_to_beat(*beaten())) >
-            plan_builder::time_to_beat(*beaten()))
-      continue;
+    if (options.objective == Objective::time && beaten() != nullptr) {
+      const double beat = plan_builder::time_to_beat(*beaten());
+      if (exchange_plan_floor_us(src, prefix, mid, end, probe, options.cost_model, beat) > beat)
+        continue;
+    }
     // Under the bytes objective, the probe's receives in the transitions and what it lacks of
     // its block after the exchange (every rank receives exactly that) must not exceed the best
     // plan's.
@@ -2632,7 +2623,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
       });
   }
   // Where the target's inner shards of d block the fill of mesh dim k, the same with them on
-  // another tensor dim in between (scatter_target_partial_around). Last, so that a slower plan
+  // another tensor dim in between (scatter_target_partial with e). Last, so that a slower plan
   // of this form that reaches the byte bound cannot end the search before an exchange (which
   // stops at that bound) or a reduction form finds a faster one.
   if (above_bound() || timed)
@@ -2641,8 +2632,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
         if (!detail::innermost_shard(b, partial_dims[i], d))
           for (int e = 0; e < src.tensor_ndim() && (above_bound() || timed); ++e)
             if (e != d)
-              consider_cheapest_order(
-                  detail::scatter_target_partial_around(a, b, partial_dims[i], d, e));
+              consider_cheapest_order(detail::scatter_target_partial(a, b, partial_dims[i], d, e));
   if (detail::plan_builder::pruned(best)) {
     if (bar != nullptr) return best;
     detail::fail<detail::why::no_valid_plan>();
