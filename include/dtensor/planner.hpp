@@ -805,6 +805,23 @@ constexpr bool nested_alike(const Layout& a, const Layout& b) {
   return is_even(a, a.placements()) && is_even(a, b.placements());
 }
 
+// The origin's block under `ps` (base's tensor and mesh), as base.local_box(ps, origin) gives
+// it, where every shard of `ps` cuts its tensor dim into equal pieces (is_even); false, and
+// `box` unspecified, where some does not.
+constexpr bool even_origin_box(const Layout& base, const Placements& ps, Box& box) {
+  const DeviceMesh& mesh = base.mesh();
+  box.shape = base.global_shape();
+  box.offset = Shape(box.shape.size(), 0);
+  for (int k = 0; k < mesh.ndim(); ++k)
+    if (ps[k].is_shard()) {
+      std::int64_t& n = box.shape[static_cast<std::size_t>(ps[k].dim())];
+      const int g = mesh.size(k);
+      if (n % g != 0) return false;
+      n /= g;
+    }
+  return true;
+}
+
 // What step `kind` from `before` to `after` on mesh dim k costs its busiest rank, for ranking
 // orders: bytes received under Objective::bytes (time breaking ties), else time. Unpadded;
 // with every piece even, or for an all-reduce, rank 0 speaks for all.
@@ -820,12 +837,6 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
   }
   const DeviceMesh& mesh = base.mesh();
   if (!moves_data(kind) || mesh.size(k) == 1) return 0;
-  bool fixed[max_mesh_dims] = {};
-  // An all-reduce costs the origin the most (plan_builder::costs_most_at_origin).
-  const bool one =
-      kind == StepKind::all_reduce || (is_even(base, before) && is_even(base, to_state));
-  for (int j = 0; j < mesh.ndim(); ++j)
-    fixed[j] = one || (!before[j].is_shard() && !to_state[j].is_shard());
   double most = 0;
   const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
   auto consider = [&](const MeshCoord& c, const Box& have, const Box& want) {
@@ -835,11 +846,24 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
         o.objective == Objective::bytes ? static_cast<double>(rc.bytes.recv) + rc.us * 1e-9 : rc.us;
     most = v > most ? v : most;
   };
+  // Between even layouts every rank's blocks are the origin's in extent.
+  Box have, want;
+  if (even_origin_box(base, before, have) && even_origin_box(base, to_state, want)) {
+    consider(origin, have, want);
+    return most;
+  }
+  // An all-reduce costs the origin the most (plan_builder::costs_most_at_origin).
+  if (kind == StepKind::all_reduce) {
+    consider(origin, base.local_box(before, origin), base.local_box(to_state, origin));
+    return most;
+  }
+  bool fixed[max_mesh_dims] = {};
+  for (int j = 0; j < mesh.ndim(); ++j) fixed[j] = !before[j].is_shard() && !to_state[j].is_shard();
   // On more than 8 ranks, one block pair of each kind (the step is no all-reduce here: what it
   // costs a rank depends on its blocks' extents and overlaps alone).
   if (visited_coords(mesh, fixed) > 8 &&
       for_each_block_shape(base, before, to_state,
-                           [&](const Box& have, const Box& want) { consider(origin, have, want); }))
+                           [&](const Box& b1, const Box& b2) { consider(origin, b1, b2); }))
     return most;
   for_each_coord(mesh, origin, fixed, [&](const MeshCoord& c) {
     consider(c, base.local_box(before, c), base.local_box(to_state, c));
