@@ -987,6 +987,38 @@ TEST_CASE("one step between even layouts is built as the general builder builds 
   CHECK(refused > 100);  // uneven layouts, mesh dims of one rank, changes of a Partial's op
 }
 
+TEST_CASE("the origin's block of an even layout, cut by division, is local_box's", "[planner]") {
+  // The order search costs a step between even layouts from the origin's blocks cut by division
+  // (detail::even_origin_box): it must say even exactly where is_even does, and give the very
+  // block local_box gives there, under every chunk policy.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2), Partial(ReduceOp::max)};
+  int even = 0, uneven = 0;
+  for (const DeviceMesh& m : {DeviceMesh({4}), DeviceMesh({2, 4}), DeviceMesh({2, 3, 2})})
+    for (const Shape& shape : {Shape{8, 16, 6}, Shape{7, 10, 3}, Shape{24, 12, 0}})
+      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced}) {
+        int lists = 1;
+        for (int k = 0; k < m.ndim(); ++k) lists *= 5;
+        for (int code = 0; code < lists; ++code) {
+          Placements a;
+          for (int k = 0, rest = code; k < m.ndim(); ++k, rest /= 5) a.push_back(options[rest % 5]);
+          const Layout base(m, a, shape, DType::f32, policy);
+          Box box;
+          const bool is = detail::even_origin_box(base, a, box);
+          CHECK(is == detail::is_even(base, a));
+          if (!is) {
+            ++uneven;
+            continue;
+          }
+          ++even;
+          const MeshCoord origin(static_cast<std::size_t>(m.ndim()), 0);
+          if (!(box == base.local_box(a, origin)))
+            FAIL_CHECK(fmt::format("{} {} on {}", shape, a, m.shape()));
+        }
+      }
+  CHECK(even > 100);
+  CHECK(uneven > 100);
+}
+
 TEST_CASE("plans that meet the bound by their form: gathers, reductions in groups of two, scatters",
           "[planner][bound]") {
   // The planner takes a first plan as meeting the bound by its form, without computing the
