@@ -31,13 +31,13 @@ check "memory any" 0 "$tool" --mesh 2x2 --shape 8x16 --from 'S(0),S(0)' --to 'S(
 expect_in "memory any" "larger than both ends on some rank"
 expect_in "memory any" "planned for speed, scratch unbounded"
 # The default, --memory auto: bounded from 1 MiB blocks, where it costs at most 10% more time.
-check "memory auto" 0 "$tool" --mesh 2x2 --shape 1024x512 --from 'R,S(0)' --to 'S(0),S(0)' --json
+check "memory auto" 0 "$tool" --mesh 2x4 --shape 1024x512 --from 'S(0),R' --to 'R,S(0)' --json
 expect_in "memory auto" '"blocks_within_ends":true,"memory_bounded":true'
 check "memory auto slow" 0 "$tool" --mesh 2x2 --shape 1024x512 --from 'R,S(0)' --to 'S(0),R' \
   --memory auto
 expect_in "memory auto slow" "planned for speed, scratch unbounded"
-check "memory any large" 0 "$tool" --mesh 2x2 --shape 1024x512 --from 'R,S(0)' \
-  --to 'S(0),S(0)' --memory any --json
+check "memory any large" 0 "$tool" --mesh 2x4 --shape 1024x512 --from 'S(0),R' \
+  --to 'R,S(0)' --memory any --json
 expect_in "memory any large" '"blocks_within_ends":false,"memory_bounded":false'
 check "memory bounded" 0 "$tool" --mesh 2x2 --shape 8x16 --from 'S(0),S(0)' --to 'S(1),S(1)' \
   --memory bounded

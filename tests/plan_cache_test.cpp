@@ -34,7 +34,7 @@ TEST_CASE("a plan cache answers with the plan plan_redistribute makes", "[plan_c
   CHECK(cache->get(a, b, bytes) == plan_redistribute(a, b, bytes));
   const PlanOptions no_exchange{.allow_exchange = false};
   CHECK(cache->get(a, b, no_exchange) == plan_redistribute(a, b, no_exchange));
-  CHECK(cache->get(a, b, no_exchange).size() == 2);
+  CHECK(cache->get(a, b, no_exchange).size() > 1);  // collectives only: several steps
   CHECK(cache->size() == 3);
   CHECK(cache->misses() == 3);
   CHECK(cache->hits() == 2);

@@ -29,9 +29,15 @@ static_assert(plan_redistribute(on1("R"), on1("R")).size() == 0);
 constexpr PlanOptions collectives{.allow_exchange = false};
 static_assert(plan_redistribute(on2("S(0),S(0)"), on2("R,S(0)"), collectives).size() == 3);
 static_assert(plan_redistribute(on2("S(0),S(0)"), on2("R,S(0)"), collectives)[0].mesh_dim == 1);
-// (S(0), R) -> (R, S(0)) on 2x4: greedy is two steps; the planner picks one exchange at the
-// lower bound, half the bytes.
-static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)"), collectives).size() == 2);
+// (S(0), R) -> (R, S(0)) on 2x4: greedy gathers a half block and chunks it. With collectives
+// only, the planner fills mesh dim 0 into P(sum), chunks mesh dim 1 and all-reduces a quarter
+// block over mesh dim 0, the lower bound (a detour, the block being large); with exchanges, one
+// exchange at the lower bound.
+static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)"), collectives).size() == 3);
+static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)"), collectives)[2].kind ==
+              StepKind::all_reduce);
+static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)"), collectives).bytes_recv_max() ==
+              total / 4);
 static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)")).size() == 1);
 static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)")).bytes_recv_max() == total / 4);
 static_assert(plan_redistribute(on2("S(0),R"), on2("R,S(0)")).lower_bound_bytes_recv_max() ==

@@ -419,6 +419,39 @@ constexpr Transitions scatter_target_partial(const Placements& a, const Placemen
   return out;
 }
 
+// A detour on mesh dim j: j turned into placement m first (a chunk, an all-to-all, a local fill
+// or a reduce-scatter), the other mesh dims moved as seed 004 orders them, and j turned from m
+// into the target's placement last. With m a shard, the collectives in between move a block
+// smaller by j's group: (P, R) -> (R, R) on 2x8 chunks mesh dim 1, all-reduces an eighth of the
+// block over mesh dim 0 and all-gathers it over mesh dim 1, a hierarchical all-reduce, a third
+// of the time of the all-reduce of the whole block over mesh dim 0 by the default model. With m
+// P(sum), a shard re-nests through a reduce-scatter. m differs from a[j] and b[j].
+constexpr Transitions detour(const Placements& a, const Placements& b, int j, Placement m) {
+  Placements mid = a, end = b;
+  mid[j] = end[j] = m;
+  Transitions out;
+  out.push_back({j, a[j], m});
+  for (const Transition& t : reductions_first(mid, greedy_transitions(mid, end))) out.push_back(t);
+  out.push_back({j, m, b[j]});
+  return out;
+}
+
+// A detour whose moves in between undo m on j first (an outer gather needs j's shard of its
+// tensor dim gone) without those two of j's transitions, where the order search finds a valid
+// place for the rest: (S(0), R, S(1), R) -> (R, S(1), R, S(0)) of 8 MiB on 2x2x2x2 gathers mesh
+// dim 2, chunks mesh dims 1 and 3, gathers mesh dim 0 and all-to-alls mesh dim 3, 46 us by the
+// default model, where the detour as it is chunks and gathers back mesh dim 3 first (51 us).
+// Empty where the detour does not undo m so.
+constexpr Transitions detour_without_undo(const Transitions& detour, const Placements& a, int j) {
+  int second = 1;
+  while (second < static_cast<int>(detour.size()) && detour[second].mesh_dim != j) ++second;
+  Transitions out;
+  if (second == static_cast<int>(detour.size()) || !(detour[second].to == a[j])) return out;
+  for (int i = 1; i < static_cast<int>(detour.size()); ++i)
+    if (i != second) out.push_back(detour[i]);
+  return out;
+}
+
 // The step kind of a transition of one mesh dim (P(a) -> P(b) is split before this).
 constexpr StepKind step_kind(const Placement& from, const Placement& to) noexcept {
   if (from == to) return StepKind::identity;
@@ -1848,6 +1881,23 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
   return us;
 }
 
+// The part of `plan`'s estimated time that is bytes over bandwidth: each step's receives on its
+// busiest rank over its mesh dim's link (an exchange's over the slowest link).
+constexpr double bandwidth_us(const Plan& plan, const CostModel& model) {
+  double us = 0;
+  for (const Step& s : plan) {
+    if (!moves_data(s.kind)) continue;
+    double gbs = 0;
+    for (int k = 0; k < plan.src().mesh().ndim(); ++k)
+      if (s.kind == StepKind::exchange || k == s.mesh_dim) {
+        const double link = model.dims[k].bandwidth_gbs;
+        gbs = gbs == 0 || link < gbs ? link : gbs;
+      }
+    if (gbs > 0) us += static_cast<double>(s.bytes_recv_max) / (gbs * 1e3);
+  }
+  return us;
+}
+
 // A floor under the time of an exchange from `mid` to `end` (no Partial) on the rank at `probe`:
 // if it lacks elements of its block, those elements at the fastest link's bandwidth and at least
 // one point-to-point message, or into no Partial, one from each block of `mid` other than its
@@ -2376,7 +2426,8 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
 
 namespace detail {
 constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
-                           bool exchange_from_partial, const Plan* bar = nullptr);
+                           bool exchange_from_partial, const Plan* bar = nullptr,
+                           bool* detoured = nullptr);
 
 // The bytes of the larger of the source and target blocks of the rank holding the largest: the
 // origin's (Layout::max_local_bytes).
@@ -2395,7 +2446,9 @@ constexpr bool seeks_bound(const Layout& src, const Layout& dst, const PlanOptio
 // plan_redistribute of layouts of the same tensor (check_same_tensor), where Memory::automatic
 // seeks the bound (`seek`) or not (then it is Memory::any). Seeking: the fastest plan (Memory::
 // any's) where it holds the bound as it is (plan_builder::holds_bound: what the bounded search
-// would accept; it then runs bounded), else the bounded search's plan where it holds the bound
+// would accept; it then runs bounded) and is not a detour (which the bounded search does not
+// try: its collectives on blocks cut by an inner shard may stage more on backends that pack),
+// else the bounded search's plan where it holds the bound
 // and takes at most memory_slack more time than the fastest (under Objective::bytes: moves no
 // more bytes), else the fastest. The plan keeps the options asked for.
 constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, const PlanOptions& options,
@@ -2403,10 +2456,11 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, const Pla
   const Memory asked = options.memory;
   PlanOptions search = options;
   search.memory = asked == Memory::bounded ? Memory::bounded : Memory::any;
-  Plan plan = search_plan(src, dst, search, exchange_from_partial);
+  bool detoured = false;
+  Plan plan = search_plan(src, dst, search, exchange_from_partial, nullptr, &detoured);
   bool bounded = asked == Memory::bounded;
   if (asked == Memory::automatic && seek) {
-    bounded = plan_builder::holds_bound(plan);
+    bounded = !detoured && plan_builder::holds_bound(plan);
     if (!bounded) {
       search.memory = Memory::bounded;
       const double slow = (1 + options.memory_slack) * plan.est_us();
@@ -2438,8 +2492,10 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
 // The search of plan_redistribute under Memory::any or Memory::bounded. With a `bar`
 // (plan_builder::bar), candidates that cannot meet it are pruned as if it were the best plan so
 // far, and the plan returned may be pruned (none met it) or not meet it: the caller checks.
+// `detoured` (where given) says whether the plan is a detour (candidate 7, never under
+// Memory::bounded).
 constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
-                           bool exchange_from_partial, const Plan* bar) {
+                           bool exchange_from_partial, const Plan* bar, bool* detoured) {
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
@@ -2537,13 +2593,17 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
            std::ranges::any_of(built, [&](const detail::Transitions& seen) { return seen == ts; });
   };
   // Each candidate is costed against the best so far (and stops as soon as it cannot beat it).
+  int improvements = 0;  // how often a candidate became the best
   auto consider = [&](const detail::Transitions& ts) {
     if (already_built(ts)) return;
     if (built.size() < Built::capacity()) built.push_back(ts);
     const Plan* incumbent = beaten();
     if (latency_loses(ts, incumbent)) return;
     const Plan p = detail::plan_builder::build(src, dst, ts, options, incumbent, &probe);
-    if (detail::better(p, best, options.objective)) best = p;
+    if (detail::better(p, best, options.objective)) {
+      best = p;
+      ++improvements;
+    }
   };
   // The same transitions with all-to-alls where they fit.
   auto consider_all_to_all = [&](const detail::Transitions& ts) {
@@ -2562,7 +2622,11 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   auto consider_cheapest_order = [&](const detail::Transitions& ts) {
     if (!latency_loses(ts, beaten())) consider_order(detail::cheapest_order(src, ts, options));
   };
-  if (above_bound()) {
+  // Under the time objective also where greedy's plan meets the bound: its order moves the same
+  // bytes in any order, but not over the same links. (S(1), S(0)) -> (R, R) of 16 MiB on 2x8
+  // gathers over mesh dim 0 first, a sixteenth of the block over the slow link where seed 004's
+  // order gathers half of it there, 94 against 233 us by the default model.
+  if (above_bound() || options.objective == Objective::time) {
     const detail::Transitions ordered = detail::cheapest_order(src, greedy, options);
     if (!(ordered == greedy)) consider_order(ordered);
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
@@ -2657,6 +2721,34 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
           for (int e = 0; e < src.tensor_ndim() && (above_bound() || timed); ++e)
             if (e != d)
               consider_cheapest_order(detail::scatter_target_partial(a, b, partial_dims[i], d, e));
+  // Under the time objective, where the best plan's time is half bandwidth or more (a detour
+  // adds steps, whose latency a plan bound by latency does not repay), a detour on each mesh dim
+  // of more than one rank through each shard and P(sum) (detail::detour). Not under
+  // Memory::bounded: a detour's collectives on blocks cut by an inner shard pack more on
+  // backends that pack (the bound holds the blocks between steps, not that staging).
+  const int before_detours = improvements;
+  if (timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
+      best.est_us() > 0 && 2 * detail::bandwidth_us(best, options.cost_model) >= best.est_us())
+    for (int j = 0; j < static_cast<int>(a.size()); ++j) {
+      if (src.mesh().size(j) == 1) continue;
+      for (int e = 0; e <= src.tensor_ndim(); ++e) {
+        const Placement m =
+            e < src.tensor_ndim() ? Placement::shard(e) : Placement::partial(ReduceOp::sum);
+        if (m == a[j] || m == b[j] || (a[j].is_partial() && m.is_partial())) continue;
+        // In their cheapest order where they are few (the order search costs 2^t t steps).
+        const auto try_detour = [&](const detail::Transitions& ts) {
+          if (ts.size() <= 5)
+            consider_cheapest_order(ts);
+          else
+            consider_order(ts);
+        };
+        const detail::Transitions detour = detail::detour(a, b, j, m);
+        try_detour(detour);
+        const detail::Transitions shorter = detail::detour_without_undo(detour, a, j);
+        if (!shorter.empty()) try_detour(shorter);
+      }
+    }
+  if (detoured != nullptr) *detoured = improvements != before_detours;
   if (detail::plan_builder::pruned(best)) {
     if (bar != nullptr) return best;
     detail::fail<detail::why::no_valid_plan>();
