@@ -4,7 +4,10 @@
 // chain of steps cheaper than plan_redistribute's plan (both without exchanges, which no chain
 // of per-mesh-dim steps expresses). Prints each such case with the chain, then how many.
 //
-//   plan_audit [time|bytes]     (the objective; time by default)
+//   plan_audit [time|bytes] [--large]     (the objective; time by default)
+//
+// --large: meshes 4x2, 4x4, 2x8, 3x2, 8 and 4x2x2, shapes 16x32, 15x22 and 1024x4096 (16 MiB,
+// where bandwidth decides which links the bytes cross), placements over {R, S(0), S(1), P(sum)}.
 //
 // A Partial is made (from R or S) only once no other mesh dim holds a Partial the target does
 // not keep, as the planner's order search requires (reductions_first).
@@ -141,22 +144,40 @@ void audit(const DeviceMesh& mesh, const Shape& shape, const Placements& a, cons
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string_view mode = argc > 1 ? argv[1] : "time";
-  if (mode != "time" && mode != "bytes") {
-    std::fprintf(stderr, "usage: plan_audit [time|bytes]\n");
-    return 2;
+  std::string_view mode = "time";
+  bool large = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--large") {
+      large = true;
+    } else if (arg == "time" || arg == "bytes") {
+      mode = arg;
+    } else {
+      std::fprintf(stderr,
+                   "plan_audit: unknown argument '%s'\nusage: plan_audit [time|bytes] "
+                   "[--large]\n",
+                   argv[i]);
+      return 2;
+    }
   }
   const Objective objective = mode == "bytes" ? Objective::bytes : Objective::time;
   try {
-    const std::vector<Placement> letters{Placement::replicate(), Placement::shard(0),
-                                         Placement::shard(1), Placement::partial(ReduceOp::sum),
-                                         Placement::partial(ReduceOp::max)};
+    std::vector<Placement> letters{Placement::replicate(), Placement::shard(0), Placement::shard(1),
+                                   Placement::partial(ReduceOp::sum)};
+    if (!large) letters.push_back(Placement::partial(ReduceOp::max));
+    const std::vector<DeviceMesh> meshes =
+        large ? std::vector{DeviceMesh({4, 2}), DeviceMesh({4, 4}), DeviceMesh({2, 8}),
+                            DeviceMesh({3, 2}), DeviceMesh({8}),    DeviceMesh({4, 2, 2})}
+              : std::vector{DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}),
+                            DeviceMesh({2, 2, 2})};
+    const std::vector<Shape> shapes =
+        large ? std::vector{Shape{16, 32}, Shape{15, 22}, Shape{1024, 4096}}
+              : std::vector{Shape{8, 16}, Shape{7, 10}};
     Audit out;
-    for (const DeviceMesh& mesh :
-         {DeviceMesh({4}), DeviceMesh({2, 2}), DeviceMesh({2, 4}), DeviceMesh({2, 2, 2})}) {
+    for (const DeviceMesh& mesh : meshes) {
       const int dims = mesh.ndim(), lists = placement_lists(letters, dims);
       auto list = [&](int code) { return placements_at(letters, dims, code); };
-      for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+      for (const Shape& shape : shapes)
         for (int i = 0; i < lists; ++i)
           for (int j = 0; j < lists; ++j) audit(mesh, shape, list(i), list(j), objective, out);
     }
