@@ -2816,6 +2816,19 @@ TEST_CASE("under the time objective, bytes at the bound go over the fast links",
   CHECK(reduced.est_us() < 0.5 * flat.est_us());
   CHECK(verify_on_simulator(reduced).verified);
 
+  // (S(1), S(1)) -> (S(0), P(sum)): mesh dim 1 all-to-alls to S(0) first, mesh dim 0 gathers
+  // (an eighth of the tensor over the slow link), mesh dim 1 fills and mesh dim 0 chunks
+  // (detail::detour_first): 48.4 us, where the exchange takes 55.3 and the all-to-all of half
+  // the tensor over mesh dim 0, 101.
+  const Layout rows = layout(m, "S(1),S(1)", shape), summed = layout(m, "S(0),P(sum)", shape);
+  const Plan ended_early = plan_redistribute(rows, summed);
+  INFO(explain(ended_early));
+  CHECK(kinds(ended_early) == std::vector{K::all_to_all, K::all_gather, K::fill, K::chunk});
+  CHECK(ended_early[0].mesh_dim == 1);
+  CHECK(ended_early[1].mesh_dim == 0);
+  CHECK(ended_early.est_us() < 50);
+  CHECK(verify_on_simulator(ended_early).verified);
+
   // The same pairs of a small tensor, where latency decides: no detour is taken.
   const Shape small{16, 32};
   CHECK(plan_redistribute(layout(m, "P(sum),R", small), layout(m, "R,R", small)).size() == 1);
