@@ -1095,6 +1095,91 @@ TEST_CASE("a step that runs in place reuses the scratch of the block before", "[
   }
 }
 
+TEST_CASE("a block moves in place into a larger one around it", "[execute][memory]") {
+  // detail::expand_box_in_place against a copy into another buffer, on random boxes of 1 to 4
+  // dims (empty ones, whole trailing dims and a box at the origin among them).
+  std::mt19937 rng(7);
+  int cases = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int nd = 1 + trial % 4;
+    Shape outer, inner, at;
+    for (int d = 0; d < nd; ++d) {
+      outer.push_back(std::uniform_int_distribution<std::int64_t>(0, 5)(rng));
+      inner.push_back(std::uniform_int_distribution<std::int64_t>(0, outer[d])(rng));
+      if (trial % 3 == 0 && d > 0) inner[d] = outer[d];
+      at.push_back(std::uniform_int_distribution<std::int64_t>(0, outer[d] - inner[d])(rng));
+    }
+    const auto count = [](const Shape& s) {
+      std::int64_t n = 1;
+      for (std::int64_t e : s) n *= e;
+      return static_cast<std::size_t>(n);
+    };
+    std::vector<std::int32_t> data(count(outer), -2), expected(count(outer), -1);
+    for (std::size_t i = 0; i < count(inner); ++i) data[i] = static_cast<std::int32_t>(i);
+    const std::vector<std::int32_t> block(data.begin(),
+                                          data.begin() + static_cast<std::ptrdiff_t>(count(inner)));
+    detail::copy_box(reinterpret_cast<const std::byte*>(block.data()), inner, Shape(nd, 0),
+                     reinterpret_cast<std::byte*>(expected.data()), outer, at, inner,
+                     sizeof(std::int32_t));
+    detail::expand_box_in_place(reinterpret_cast<std::byte*>(data.data()), inner, outer, at,
+                                sizeof(std::int32_t), [](std::byte* run, std::int64_t n) {
+                                  std::fill_n(reinterpret_cast<std::int32_t*>(run), n, -1);
+                                });
+    INFO(fmt::format("inner {} at {} in {}", inner, at, outer));
+    CHECK(data == expected);
+    cases += count(inner) > 0 && count(inner) < count(outer);
+  }
+  CHECK(cases > 80);
+}
+
+TEST_CASE("a fill whose block lies in its target runs there", "[execute][memory]") {
+  // (S(0), P) -> (P, S(0)) on 2x4 under Memory::bounded all-to-alls mesh dim 0 (to the source's
+  // size), reduce-scatters mesh dim 1 into the target and fills mesh dim 0 there: on host
+  // backends the fill moves the block in place, so the run holds the all-to-all's block alone,
+  // not it and the reduce-scatter's beside it (320 of 256 bytes, f32).
+  for (DType dtype : {DType::f32, DType::bf16, DType::i64})
+    for (std::string_view to : {"P(sum),S(0)", "P(max),S(0)", "P(avg),S(0)"})
+      for (const Shape& shape : {Shape{8, 16}, Shape{16, 8}}) {
+        if (dtype == DType::i64 && to.starts_with("P(avg)")) continue;
+        const DeviceMesh mesh({2, 4});
+        const Plan plan =
+            plan_redistribute(Layout(mesh, parse_placements("S(0),P(sum)"), shape, dtype),
+                              Layout(mesh, parse_placements(to), shape, dtype),
+                              PlanOptions{.memory = Memory::bounded});
+        INFO(fmt::format("{} {} {}", to, shape, dtype));
+        INFO(explain(plan));
+        REQUIRE(plan.size() == 3);
+        REQUIRE(plan[2].kind == StepKind::fill);
+        std::int64_t ends = 0;
+        for (int r = 0; r < mesh.size(); ++r)
+          ends = std::max({ends, plan.src().local_box(mesh.coordinate(r)).numel(),
+                           plan.dst().local_box(mesh.coordinate(r)).numel()});
+        ends *= size_of(dtype);
+        constexpr detail::LinkAbilities host = detail::abilities_of<detail::Link<SimulatedBackend>>;
+        STATIC_REQUIRE(host.fills_in_place);
+        STATIC_REQUIRE_FALSE(detail::LinkAbilities{}.fills_in_place);
+        if (shape[0] == 8) {
+          const detail::BlockPlacement placed = detail::place_blocks(plan, {0, 0}, 0, host);
+          CHECK(placed.in_target == 2u);  // the reduce-scatter's block
+          CHECK(placed.peak == ends);
+          CHECK(detail::place_blocks(plan, {0, 0}, 0, {}).peak > ends);
+        }
+        CHECK(workspace_bytes<SimulatedBackend>(plan) <= ends);
+        CHECK(workspace_bytes<PackingBackend>(plan) <= ends);
+        const Verification v = verified_on(plan);
+        CHECK(v.verified);
+        CHECK(v.difference == "");
+        for (bool packing : {false, true}) {
+          const SimulatedRun run = detail::visit_dtype(
+              dtype, [&]<class T>() { return run_simulated<T>(plan, packing); });
+          for (int r = 0; r < mesh.size(); ++r)
+            CHECK(run.scratch_peak[static_cast<std::size_t>(r)] ==
+                  (packing ? workspace_bytes<PackingBackend>(plan, mesh.rank_at(r))
+                           : workspace_bytes<SimulatedBackend>(plan, mesh.rank_at(r))));
+        }
+      }
+}
+
 TEST_CASE("a chunk that keeps a slab of its block is read where it lies", "[execute][memory]") {
   // (R, P(sum)) -> (S(0), S(1)) on 2x4 chunks the rows, then reduce-scatters the columns: the
   // reduce-scatter reads the rows in the source, so the run holds only the partials it stages

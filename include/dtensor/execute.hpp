@@ -54,8 +54,10 @@ inline std::int64_t workspace_bytes(const Plan& plan, std::uint32_t point_to_poi
 // counted: the caller's source and target, and what a backend allocates inside its
 // collectives.
 inline std::int64_t workspace_bytes(const Plan& plan) {
-  constexpr detail::LinkAbilities strided{
-      .strided_all_to_all = true, .strided_all_gather = true, .strided_exchange = true};
+  constexpr detail::LinkAbilities strided{.strided_all_to_all = true,
+                                          .strided_all_gather = true,
+                                          .strided_exchange = true,
+                                          .fills_in_place = true};
   return std::max(detail::workspace_bytes(plan, 0), detail::workspace_bytes(plan, 0, strided));
 }
 

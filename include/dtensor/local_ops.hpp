@@ -180,6 +180,20 @@ struct HostOps {
     detail::visit_dtype(
         dtype, [&]<class T>() { detail::fill_identity(static_cast<T*>(data), count, op); });
   }
+  // The block of shape `inner` that starts at `data` moved in place to `at` inside the block of
+  // shape `outer` that `data` then holds, every other element set to op's identity: a fill
+  // (S(i) -> P(op)) whose block before lies in its target. Optional (a backend's ops without it
+  // fill into another buffer).
+  void fill_around_in_place(DType dtype, void* data, const Shape& inner, const Shape& outer,
+                            const Shape& at, ReduceOp op) const {
+    detail::visit_dtype(dtype, [&]<class T>() {
+      detail::expand_box_in_place(static_cast<std::byte*>(data), inner, outer, at, sizeof(T),
+                                  [op](std::byte* run, std::int64_t count) {
+                                    detail::fill_identity(static_cast<T*>(static_cast<void*>(run)),
+                                                          static_cast<std::size_t>(count), op);
+                                  });
+    });
+  }
   void divide(DType dtype, void* data, std::size_t count, int g) const {
     detail::visit_dtype(dtype, [&]<class T>() { detail::divide(static_cast<T*>(data), count, g); });
   }

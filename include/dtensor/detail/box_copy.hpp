@@ -59,4 +59,50 @@ inline void copy_box(const std::byte* src, const Shape& src_shape, const Shape& 
   }
 }
 
+// Moves the row-major block of shape `inner` that starts at `data` to `at` inside the row-major
+// block of shape `outer` that `data` then holds (inner lies inside it), in place, and calls
+// `fill(run, count)` on every run of `count` elements of outer outside it. Every element moves
+// to an offset no lower than its own, and a row of outer is written only once every element
+// that lies there has moved: so the rows go from the last back.
+template <class Fill>
+void expand_box_in_place(std::byte* data, const Shape& inner, const Shape& outer, const Shape& at,
+                         std::size_t elem, Fill&& fill) {
+  const int nd = static_cast<int>(outer.size());
+  std::int64_t outer_count = 1, inner_count = 1;
+  for (int d = 0; d < nd; ++d) outer_count *= outer[d], inner_count *= inner[d];
+  if (outer_count == 0) return;
+  if (inner_count == 0 || nd == 0) {
+    if (inner_count == 0) fill(data, outer_count);
+    return;
+  }
+  // Rows of outer over its dims from `k` on (the trailing dims whole in both merged into them);
+  // in each row that holds part of inner, `run` elements from `run_at`.
+  int k = nd - 1;
+  while (k > 0 && inner[k] == outer[k] && at[k] == 0) --k;
+  std::int64_t tail = 1;
+  for (int d = k + 1; d < nd; ++d) tail *= outer[d];
+  const std::int64_t row = outer[k] * tail, run = inner[k] * tail, run_at = at[k] * tail;
+  const auto bytes = [elem](std::int64_t n) { return static_cast<std::size_t>(n) * elem; };
+  for (std::int64_t q = outer_count / row; q-- > 0;) {
+    std::byte* out = data + bytes(q * row);
+    // q's index over outer's dims before k, and the row of inner it holds (if any).
+    std::int64_t rest = q, source = 0, scale = 1;
+    bool inside = true;
+    for (int d = k - 1; d >= 0 && inside; --d) {
+      const std::int64_t i = rest % outer[d] - at[d];
+      rest /= outer[d];
+      inside = i >= 0 && i < inner[d];
+      source += i * scale;
+      scale *= inner[d];
+    }
+    if (!inside) {
+      fill(out, row);
+      continue;
+    }
+    std::memmove(out + bytes(run_at), data + bytes(source * run), bytes(run));
+    if (run_at > 0) fill(out, run_at);
+    if (run_at + run < row) fill(out + bytes(run_at + run), row - run_at - run);
+  }
+}
+
 }  // namespace dtensor::detail

@@ -148,14 +148,22 @@ struct LinkAbilities {
   // An even reduce-scatter or an all-reduce of blocks of at least this many bytes runs as
   // point-to-point rounds reduced here (B::reduce_messages_bytes): never by default.
   std::size_t reduce_messages_from = std::numeric_limits<std::size_t>::max();
+  bool fills_in_place = false;  // its local ops fill around a block in place (FillsInPlaceLink)
 
   friend constexpr bool operator==(const LinkAbilities&, const LinkAbilities&) noexcept = default;
 };
 
+// A link whose backend's local ops move a block into a larger one around it in place
+// (HostOps::fill_around_in_place): a fill can then run in its target.
 template <class L>
-inline constexpr LinkAbilities abilities_of{StridedLink<L>, StridedGatherLink<L>,
-                                            StridedExchangeLink<L>, false,
-                                            reduce_messages_of<L>::bytes};
+concept FillsInPlaceLink = requires(L& link, void* p, const Shape& s, DType t, ReduceOp op) {
+  local_ops_of(link.backend).fill_around_in_place(t, p, s, s, s, op);
+};
+
+template <class L>
+inline constexpr LinkAbilities abilities_of{
+    StridedLink<L>, StridedGatherLink<L>,         StridedExchangeLink<L>,
+    false,          reduce_messages_of<L>::bytes, FillsInPlaceLink<L>};
 
 // The abilities of a run straight on `backend` (a Link<B>): its type's, with the backend's own
 // threshold for reductions by messages (reduce_messages_from).
@@ -2194,12 +2202,14 @@ Task<std::size_t> run_exchange(L link, const Ops& ops, const StepContext& c, con
 }
 
 // Whether step c can run with its target in the buffer of its block (in place): a step that
-// keeps the block (identity, scale), an all-reduce the backend runs in place, or an even
-// all-to-all that packs its pieces out first.
-inline bool runs_in_place(const StepContext& c) {
+// keeps the block (identity, scale), an all-reduce the backend runs in place, an even
+// all-to-all that packs its pieces out first, or a fill where the link's ops fill around a
+// block in place (the block before at the start of the target).
+inline bool runs_in_place(const StepContext& c, LinkAbilities a) {
   switch (c.step.kind) {
     case StepKind::identity:
     case StepKind::scale: return true;
+    case StepKind::fill: return a.fills_in_place;
     case StepKind::all_reduce: return !c.messages;
     case StepKind::all_to_all: return c.even;
     default: return false;
@@ -2369,8 +2379,19 @@ void fill_partial(const Ops& ops, const StepContext& c, const std::byte* cur, st
   const ReduceOp op = c.step.after[c.step.mesh_dim].reduce_op();
   const DType dtype = c.plan.src().dtype();
   const auto count = static_cast<std::size_t>(c.want.numel());
-  ops.fill_identity(dtype, out, count, op);
-  copy_piece(ops, cur, c.have, out, c.want, c.have, c.elem);
+  // In place, the block at the start of its target: only on ops that can (runs_in_place).
+  if constexpr (requires {
+                  ops.fill_around_in_place(dtype, out, c.have.shape, c.want.shape, c.have.shape,
+                                           op);
+                }) {
+    if (cur == out)
+      ops.fill_around_in_place(dtype, out, c.have.shape, c.want.shape, relative(c.have, c.want),
+                               op);
+  }
+  if (cur != out) {
+    ops.fill_identity(dtype, out, count, op);
+    copy_piece(ops, cur, c.have, out, c.want, c.have, c.elem);
+  }
   // The rest of the block is 0, so scaling all of it scales just the piece.
   if (op == ReduceOp::avg)
     ops.multiply(dtype, out, count, c.plan.src().mesh().size(c.step.mesh_dim));
@@ -2499,7 +2520,7 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     };
     const std::size_t staging = staging_of(c);
     const std::size_t staging_writable = rounds ? staging_writable_of(c) : staging;
-    const bool in_place = !fused && rows == 0 && runs_in_place(c);
+    const bool in_place = !fused && rows == 0 && runs_in_place(c, a);
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
     c.spare_bytes = target;  // the target free during the stage: its room is spare
     const std::size_t staging_spare = staging_of(c);
