@@ -419,23 +419,6 @@ constexpr Transitions scatter_target_partial(const Placements& a, const Placemen
   return out;
 }
 
-// A detour on mesh dim j: j turned into placement m first (a chunk, an all-to-all, a local fill
-// or a reduce-scatter), the other mesh dims moved as seed 004 orders them, and j turned from m
-// into the target's placement last. With m a shard, the collectives in between move a block
-// smaller by j's group: (P, R) -> (R, R) on 2x8 chunks mesh dim 1, all-reduces an eighth of the
-// block over mesh dim 0 and all-gathers it over mesh dim 1, a hierarchical all-reduce, a third
-// of the time of the all-reduce of the whole block over mesh dim 0 by the default model. With m
-// P(sum), a shard re-nests through a reduce-scatter. m differs from a[j] and b[j].
-constexpr Transitions detour(const Placements& a, const Placements& b, int j, Placement m) {
-  Placements mid = a, end = b;
-  mid[j] = end[j] = m;
-  Transitions out;
-  out.push_back({j, a[j], m});
-  for (const Transition& t : reductions_first(mid, greedy_transitions(mid, end))) out.push_back(t);
-  out.push_back({j, m, b[j]});
-  return out;
-}
-
 // Mesh dim j turned into placement m first, then everything, j included, moved to the target as
 // seed 004 orders it from there: where the others' moves need j's m gone before they end,
 // (S(1), S(1)) -> (S(0), P) of 16 MiB on 2x8 all-to-alls mesh dim 1 to S(0), gathers mesh dim
@@ -447,6 +430,22 @@ constexpr Transitions detour_first(const Placements& a, const Placements& b, int
   Transitions out;
   out.push_back({j, a[j], m});
   for (const Transition& t : reductions_first(mid, greedy_transitions(mid, b))) out.push_back(t);
+  return out;
+}
+
+// A detour on mesh dim j: j turned into placement m first (a chunk, an all-to-all, a local fill
+// or a reduce-scatter), the other mesh dims moved as seed 004 orders them, and j turned from m
+// into the target's placement last (detour_first to the target with m on j, then m -> b[j]).
+// With m a shard, the collectives in between move a block smaller by j's group: (P, R) -> (R,
+// R) on 2x8 chunks mesh dim 1, all-reduces an eighth of the block over mesh dim 0 and
+// all-gathers it over mesh dim 1, a hierarchical all-reduce, a third of the time of the
+// all-reduce of the whole block over mesh dim 0 by the default model. With m P(sum), a shard
+// re-nests through a reduce-scatter. m differs from a[j] and b[j].
+constexpr Transitions detour(const Placements& a, const Placements& b, int j, Placement m) {
+  Placements end = b;
+  end[j] = m;
+  Transitions out = detour_first(a, end, j, m);
+  out.push_back({j, m, b[j]});
   return out;
 }
 
@@ -2741,6 +2740,13 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // Memory::bounded: a detour's collectives on blocks cut by an inner shard pack more on
   // backends that pack (the bound holds the blocks between steps, not that staging).
   const int before_detours = improvements;
+  // In their cheapest order where they are few (the order search costs 2^t t steps).
+  const auto try_detour = [&](const detail::Transitions& ts) {
+    if (ts.size() <= 5)
+      consider_cheapest_order(ts);
+    else
+      consider_order(ts);
+  };
   if (timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
       best.est_us() > 0 && 4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us())
     for (int j = 0; j < static_cast<int>(a.size()); ++j) {
@@ -2749,13 +2755,6 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
         const Placement m =
             e < src.tensor_ndim() ? Placement::shard(e) : Placement::partial(ReduceOp::sum);
         if (m == a[j] || m == b[j] || (a[j].is_partial() && m.is_partial())) continue;
-        // In their cheapest order where they are few (the order search costs 2^t t steps).
-        const auto try_detour = [&](const detail::Transitions& ts) {
-          if (ts.size() <= 5)
-            consider_cheapest_order(ts);
-          else
-            consider_order(ts);
-        };
         const detail::Transitions detour = detail::detour(a, b, j, m);
         try_detour(detour);
         const detail::Transitions shorter = detail::detour_without_undo(detour, a, j);
