@@ -1918,39 +1918,39 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
   return us;
 }
 
-// The part of `plan`'s estimated time that is bytes over bandwidth: each step's receives on its
-// busiest rank over its mesh dim's link (an exchange's over the slowest link).
-// The mesh dim of the step of `plan` that moves the most bytes for its link's bandwidth (the
-// plan's bottleneck collective), or -1 where that is an exchange (over every mesh dim) or the
-// plan moves nothing.
+// The microseconds step `s` of `plan` spends on bytes over bandwidth: its busiest rank's
+// receives over its mesh dim's link (an exchange's over the slowest link); 0 for a local step.
+constexpr double step_bandwidth_us(const Plan& plan, const Step& s, const CostModel& model) {
+  if (!moves_data(s.kind)) return 0;
+  double gbs = 0;
+  for (int k = 0; k < plan.src().mesh().ndim(); ++k)
+    if (s.kind == StepKind::exchange || k == s.mesh_dim) {
+      const double link = model.dims[k].bandwidth_gbs;
+      gbs = gbs == 0 || link < gbs ? link : gbs;
+    }
+  return gbs > 0 ? static_cast<double>(s.bytes_recv_max) / (gbs * 1e3) : 0;
+}
+
+// The part of `plan`'s estimated time that is bytes over bandwidth (step_bandwidth_us).
+constexpr double bandwidth_us(const Plan& plan, const CostModel& model) {
+  double us = 0;
+  for (const Step& s : plan) us += step_bandwidth_us(plan, s, model);
+  return us;
+}
+
+// The mesh dim of the step of `plan` that spends the most on bandwidth (the plan's bottleneck
+// collective), or -1 where that is an exchange (over every mesh dim) or the plan moves nothing.
 constexpr int busiest_mesh_dim(const Plan& plan, const CostModel& model) {
   int busiest = -1;
   double most = 0;
   for (const Step& s : plan) {
-    if (!moves_data(s.kind)) continue;
-    const double us = static_cast<double>(s.bytes_recv_max) /
-                      (model.dims[s.kind == StepKind::exchange ? 0 : s.mesh_dim].bandwidth_gbs);
+    const double us = step_bandwidth_us(plan, s, model);
     if (us > most) {
       most = us;
       busiest = s.kind == StepKind::exchange ? -1 : s.mesh_dim;
     }
   }
   return busiest;
-}
-
-constexpr double bandwidth_us(const Plan& plan, const CostModel& model) {
-  double us = 0;
-  for (const Step& s : plan) {
-    if (!moves_data(s.kind)) continue;
-    double gbs = 0;
-    for (int k = 0; k < plan.src().mesh().ndim(); ++k)
-      if (s.kind == StepKind::exchange || k == s.mesh_dim) {
-        const double link = model.dims[k].bandwidth_gbs;
-        gbs = gbs == 0 || link < gbs ? link : gbs;
-      }
-    if (gbs > 0) us += static_cast<double>(s.bytes_recv_max) / (gbs * 1e3);
-  }
-  return us;
 }
 
 // A floor under the time of an exchange from `mid` to `end` (no Partial) on the rank at `probe`:
