@@ -2789,8 +2789,11 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     else
       consider_order(ts);
   };
-  if (timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
-      best.est_us() > 0 && 4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us())
+  const auto detours_may_pay = [&] {
+    return timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
+           best.est_us() > 0 && 4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us();
+  };
+  if (detours_may_pay())
     for (int j = 0; j < static_cast<int>(a.size()); ++j) {
       if (src.mesh().size(j) == 1) continue;
       for (int e = 0; e <= src.tensor_ndim(); ++e) {
@@ -2811,9 +2814,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // the mesh dim of the best plan's bottleneck collective (which they would shrink the block
   // of), on meshes of three or more dims (on two, that is every mesh dim). Both forms, in their
   // cheapest order up to 6 transitions.
-  if (timed && options.memory != Memory::bounded && a.size() >= 3 &&
-      !detail::plan_builder::pruned(best) && best.est_us() > 0 &&
-      4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us()) {
+  if (a.size() >= 3 && detours_may_pay()) {
     const int busiest = detail::busiest_mesh_dim(best, options.cost_model);
     for (int j1 = 0; j1 < static_cast<int>(a.size()); ++j1)
       for (int j2 = j1 + 1; j2 < static_cast<int>(a.size()); ++j2) {
