@@ -1243,6 +1243,53 @@ TEST_CASE("the latency floor that skips candidates is below the time of each of 
   CHECK(positive > 1000);
 }
 
+TEST_CASE("the order search's cut at a time to beat keeps every order that beats it", "[planner]") {
+  // cheapest_order with `beat` stops orders already slower than it, and returns nothing where
+  // every order is: then no order's plan is kept against that time; otherwise the same order
+  // as without it. Greedy's transitions and every detour, of tensors where bandwidth decides
+  // (even) and where steps may be padded (uneven).
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial()};
+  const DeviceMesh meshes[] = {DeviceMesh({2, 2}), DeviceMesh({2, 4}), DeviceMesh({2, 2, 2})};
+  const Shape shapes[] = {{1024, 4096}, {1023, 4090}, {7, 10}};
+  int cut = 0, kept = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const Shape& shape : shapes)
+      testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+        const Layout src(m, a, shape, DType::f32), dst(m, b, shape, DType::f32);
+        const PlanOptions o;
+        std::vector<detail::Transitions> families = {
+            detail::reductions_first(a, detail::greedy_transitions(a, b))};
+        for (int j = 0; j < m.ndim(); ++j)
+          for (int d = 0; d < src.tensor_ndim(); ++d)
+            if (!(a[j] == Shard(d)) && !(b[j] == Shard(d))) {
+              families.push_back(detail::detour(a, b, {j}, Shard(d)));
+              families.push_back(detail::detour(a, b, {j}, Shard(d), true));
+            }
+        for (const detail::Transitions& ts : families) {
+          if (ts.size() < 2) continue;  // returned as they are
+          const detail::Transitions ordered = detail::cheapest_order(src, ts, o);
+          const Plan plan = detail::plan_builder::build(src, dst, ordered, o);
+          if (detail::plan_builder::pruned(plan)) continue;
+          for (const double beat :
+               {0.5 * plan.est_us(), detail::plan_builder::time_to_beat(plan), 2 * plan.est_us()}) {
+            const detail::Transitions order = detail::cheapest_order<true>(src, ts, o, beat);
+            INFO(fmt::format("{} {} -> {} on {}: {} transitions, beat {} us, plan {} us", shape, a,
+                             b, m.shape(), ts.size(), beat, plan.est_us()));
+            if (order.empty()) {
+              ++cut;
+              CHECK(plan.est_us() > beat);
+              CHECK(detail::with_all_to_all(a, ordered) == ordered);
+            } else {
+              ++kept;
+              CHECK(order == ordered);
+            }
+          }
+        }
+      });
+  CHECK(cut > 100);
+  CHECK(kept > 1000);
+}
+
 TEST_CASE("the lower bound's fast path without Partial equals the general rule",
           "[planner][bound]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
@@ -2818,8 +2865,8 @@ TEST_CASE("under the time objective, bytes at the bound go over the fast links",
 
   // (S(1), S(1)) -> (S(0), P(sum)): mesh dim 1 all-to-alls to S(0) first, mesh dim 0 gathers
   // (an eighth of the tensor over the slow link), mesh dim 1 fills and mesh dim 0 chunks
-  // (detail::detour_first): 48.4 us, where the exchange takes 55.3 and the all-to-all of half
-  // the tensor over mesh dim 0, 101.
+  // (detail::detour with `first`): 48.4 us, where the exchange takes 55.3 and the all-to-all of
+  // half the tensor over mesh dim 0, 101.
   const Layout rows = layout(m, "S(1),S(1)", shape), summed = layout(m, "S(0),P(sum)", shape);
   const Plan ended_early = plan_redistribute(rows, summed);
   INFO(explain(ended_early));
@@ -2836,7 +2883,7 @@ TEST_CASE("under the time objective, bytes at the bound go over the fast links",
 
 TEST_CASE("detours on two mesh dims at once shrink the block of a slow collective", "[planner]") {
   // On 4x2x2 the default model makes mesh dim 0 network-like: a reduction over it should move
-  // as small a block as the two inner mesh dims can cut (detail::detour_pair).
+  // as small a block as the two inner mesh dims can cut (detail::detour over two mesh dims).
   const DeviceMesh m({4, 2, 2});
   const Shape shape{1024, 4096};  // 16 MiB of f32
   // (P(sum), R, R) -> (S(0), P(sum), S(0)): chunks mesh dims 1 and 2 along tensor dim 1,

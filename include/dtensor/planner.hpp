@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <iterator>
 #include <limits>
 
 #include "config.hpp"
@@ -419,57 +421,38 @@ constexpr Transitions scatter_target_partial(const Placements& a, const Placemen
   return out;
 }
 
-// Mesh dim j turned into placement m first, then everything, j included, moved to the target as
-// seed 004 orders it from there: where the others' moves need j's m gone before they end,
-// (S(1), S(1)) -> (S(0), P) of 16 MiB on 2x8 all-to-alls mesh dim 1 to S(0), gathers mesh dim
-// 0, fills mesh dim 1 and chunks mesh dim 0: 48 us by the default model, against 55 for the
-// exchange and 101 for the all-to-all of half the tensor over mesh dim 0.
-constexpr Transitions detour_first(const Placements& a, const Placements& b, int j, Placement m) {
-  Placements mid = a;
-  mid[j] = m;
-  Transitions out;
-  out.push_back({j, a[j], m});
-  for (const Transition& t : reductions_first(mid, greedy_transitions(mid, b))) out.push_back(t);
-  return out;
-}
-
-// A detour on mesh dim j: j turned into placement m first (a chunk, an all-to-all, a local fill
-// or a reduce-scatter), the other mesh dims moved as seed 004 orders them, and j turned from m
-// into the target's placement last (detour_first to the target with m on j, then m -> b[j]).
-// With m a shard, the collectives in between move a block smaller by j's group: (P, R) -> (R,
-// R) on 2x8 chunks mesh dim 1, all-reduces an eighth of the block over mesh dim 0 and
+// A detour on mesh dims `dims` (ascending) through placement m: each turned into m first (where
+// it is not m already: a chunk, an all-to-all, a local fill or a reduce-scatter), the other mesh
+// dims moved as seed 004 orders them, and each turned from m into the target's placement last,
+// innermost first.
+// With m a shard, the collectives in between move a block smaller by the dims' groups: (P, R) ->
+// (R, R) on 2x8 chunks mesh dim 1, all-reduces an eighth of the block over mesh dim 0 and
 // all-gathers it over mesh dim 1, a hierarchical all-reduce, a third of the time of the
 // all-reduce of the whole block over mesh dim 0 by the default model. With m P(sum), a shard
-// re-nests through a reduce-scatter. m differs from a[j] and b[j].
-constexpr Transitions detour(const Placements& a, const Placements& b, int j, Placement m) {
-  Placements end = b;
-  end[j] = m;
-  Transitions out = detour_first(a, end, j, m);
-  out.push_back({j, m, b[j]});
-  return out;
-}
-
-// A detour on two mesh dims at once, j1 < j2, through the same placement m: each turned into m
-// first (where it is not m already), the others moved as seed 004 orders them, and each turned
-// from m into the target's placement last. Where a slow outer mesh dim reduces or gathers, both
-// inner ones shard its block first: (P, R, R) -> (S(0), P, S(0)) of 16 MiB on 4x2x2 chunks mesh
-// dims 1 and 2 along tensor dim 1, reduce-scatters a quarter of the block over mesh dim 0,
-// all-to-alls mesh dim 2 to S(0) and fills mesh dim 1: 98 us by the default model, where
-// every detour on one mesh dim took 164.
-// With `first`, like detour_first: from there everything, j1 and j2 included, moves to the
-// target as seed 004 orders it (where an inner one's m must go before the outer one's can).
-constexpr Transitions detour_pair(const Placements& a, const Placements& b, int j1, int j2,
-                                  Placement m, bool first = false) {
+// re-nests through a reduce-scatter. Where a slow outer mesh dim reduces or gathers, two inner
+// ones shard its block first: (P, R, R) -> (S(0), P, S(0)) of 16 MiB on 4x2x2 chunks mesh dims 1
+// and 2 along tensor dim 1, reduce-scatters a quarter of the block over mesh dim 0, all-to-alls
+// mesh dim 2 to S(0) and fills mesh dim 1: 98 us by the default model, where every detour on
+// one mesh dim took 164.
+// With `first`, everything, the dims included, moves from there to the target as seed 004
+// orders it, where the others' moves need m gone before they end: (S(1), S(1)) -> (S(0), P) of
+// 16 MiB on 2x8 all-to-alls mesh dim 1 to S(0), gathers mesh dim 0, fills mesh dim 1 and chunks
+// mesh dim 0: 48 us by the default model, against 55 for the exchange and 101 for the
+// all-to-all of half the tensor over mesh dim 0.
+constexpr Transitions detour(const Placements& a, const Placements& b,
+                             std::initializer_list<int> dims, Placement m, bool first = false) {
   Placements mid = a, end = b;
-  mid[j1] = mid[j2] = m;
-  if (!first) end[j1] = end[j2] = m;
+  for (int j : dims) {
+    mid[j] = m;
+    if (!first) end[j] = m;
+  }
   Transitions out;
-  for (int j : {j1, j2})
+  for (int j : dims)
     if (!(a[j] == m)) out.push_back({j, a[j], m});
   for (const Transition& t : reductions_first(mid, greedy_transitions(mid, end))) out.push_back(t);
   if (!first)
-    for (int j : {j2, j1})
-      if (!(b[j] == m)) out.push_back({j, m, b[j]});
+    for (auto j = std::rbegin(dims); j != std::rend(dims); ++j)
+      if (!(b[*j] == m)) out.push_back({*j, m, b[*j]});
   return out;
 }
 
@@ -948,9 +931,18 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
 // less on smaller blocks, so this runs local chunks and reductions before gathers where that
 // is cheaper: (S(0), R) -> (R, S(1)) chunks mesh dim 1 first and all-gathers a quarter block.
 // Returns `ts` itself when it has fewer than 2 or more than max_ordered_transitions items.
+// Under the time objective with `beat` (the time a plan must not exceed to be kept,
+// plan_builder::time_to_beat), where the sums are plans' times (every tensor dim the
+// placements shard divides by the mesh's ranks, so every layout on the way is even and the
+// plan costs as cost_even does, and no pair of transitions makes an all-to-all for
+// with_all_to_all), orders already slower than `beat` go no further, and where every order
+// is, returns no transitions (`Cut`: the search's detours, where sums pass `beat` often enough
+// to repay the test; elsewhere it costs more than it saves).
 inline constexpr int max_ordered_transitions = 8;
+template <bool Cut = false>
 constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
-                                     const PlanOptions& o) {
+                                     const PlanOptions& o,
+                                     double beat = std::numeric_limits<double>::infinity()) {
   const int t = static_cast<int>(ts.size());
   if (t < 2 || t > max_ordered_transitions) return ts;
   constexpr int states = 1 << max_ordered_transitions;
@@ -971,30 +963,79 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
   bool forced = true;
   for (int i = 0; i < t && forced; ++i) forced = before_mask[i] == (1u << i) - 1;
   if (forced) return ts;
-  const unsigned full = (1u << t) - 1;
-  best[0] = 0;
-  for (unsigned m = 1; m <= full; ++m) best[m] = unreached;
-  for (unsigned m = 0; m < full; ++m) {
-    if (best[m] >= unreached) continue;
-    Placements state = base.placements();
-    for (int i = 0; i < t; ++i)  // one dim's transitions are done in index order
-      if ((m >> i & 1u) != 0) state[ts[i].mesh_dim] = ts[i].to;
+  // Where an item needs itself (a Partial made on a mesh dim that reduces one later, as in
+  // detours through P(sum)), there is none.
+  if constexpr (Cut)
+    for (int i = 0; i < t; ++i)
+      if ((reductions >> i & 1u) != 0)
+        for (int j = 0; j < i; ++j)
+          if ((before_mask[i] >> j & 1u) != 0 && (before_mask[j] >> i & 1u) != 0) return ts;
+  // Whether the sums below are plans' times (one mesh dim's gather and later chunk to another
+  // tensor dim may merge into an all-to-all, cheaper): asked once a sum passes `beat`.
+  const auto sums_exact = [&] {
+    if (o.objective != Objective::time) return false;
+    const std::int64_t ranks = base.mesh().size();
+    const auto divides = [&](const Placement& p) {
+      return !p.is_shard() || base.global_shape()[static_cast<std::size_t>(p.dim())] % ranks == 0;
+    };
+    if (!std::ranges::all_of(base.placements(), divides) ||
+        !std::ranges::all_of(ts, [&](const Transition& tr) { return divides(tr.to); }))
+      return false;
     for (int i = 0; i < t; ++i) {
-      if ((m >> i & 1u) != 0 || (before_mask[i] & ~m) != 0) continue;
-      const Transition& tr = ts[i];
-      if (!(state[tr.mesh_dim] == tr.from) || !transition_valid_to(tr.mesh_dim, state, tr.to))
-        continue;
-      Placements next = state;
-      next[tr.mesh_dim] = tr.to;
-      const unsigned n = m | 1u << i;
-      const double c = best[m] + order_step_cost(base, state, next, tr.mesh_dim, o);
-      if (c < best[n]) {
-        best[n] = c;
-        last[n] = i;
+      if (!ts[i].from.is_shard() || !ts[i].to.is_replicate()) continue;
+      for (int j = i + 1; j < t; ++j)
+        if (ts[j].mesh_dim == ts[i].mesh_dim) {
+          if (ts[j].from.is_replicate() && ts[j].to.is_shard() &&
+              ts[j].to.dim() != ts[i].from.dim())
+            return false;
+          break;
+        }
+    }
+    return true;
+  };
+  int exact = -1;  // sums_exact(), once asked
+  const unsigned full = (1u << t) - 1;
+  // Orders past `limit` go no further where the sums are exact (`beat`, then, where that leaves
+  // none but `ts` is none of them, as without it).
+  for (double limit = beat;; limit = std::numeric_limits<double>::infinity()) {
+    bool cut = false;  // whether some order went no further
+    best[0] = 0;
+    for (unsigned m = 1; m <= full; ++m) best[m] = unreached;
+    for (unsigned m = 0; m < full; ++m) {
+      // Past `limit`, no order through m makes a plan that is kept.
+      if (best[m] >= unreached) continue;
+      if constexpr (Cut)
+        if (best[m] > limit && (exact < 0 ? (exact = sums_exact() ? 1 : 0) : exact) == 1) {
+          cut = true;
+          continue;
+        }
+      Placements state = base.placements();
+      for (int i = 0; i < t; ++i)  // one dim's transitions are done in index order
+        if ((m >> i & 1u) != 0) state[ts[i].mesh_dim] = ts[i].to;
+      for (int i = 0; i < t; ++i) {
+        if ((m >> i & 1u) != 0 || (before_mask[i] & ~m) != 0) continue;
+        const Transition& tr = ts[i];
+        if (!(state[tr.mesh_dim] == tr.from) || !transition_valid_to(tr.mesh_dim, state, tr.to))
+          continue;
+        Placements next = state;
+        next[tr.mesh_dim] = tr.to;
+        const unsigned n = m | 1u << i;
+        const double c = best[m] + order_step_cost(base, state, next, tr.mesh_dim, o);
+        if (c < best[n]) {
+          best[n] = c;
+          last[n] = i;
+        }
       }
     }
+    if (!cut || best[full] < unreached) break;
+    // Every order went no further or is not valid, `ts` as it is too where it is one of them.
+    bool searched = true;
+    for (int i = 0; i < t && searched; ++i) searched = (before_mask[i] >> i) == 0;
+    if (searched) return {};
   }
   if (best[full] >= unreached) return ts;
+  if constexpr (Cut)
+    if (best[full] > beat && (exact < 0 ? sums_exact() : exact == 1)) return {};
   int order[max_ordered_transitions] = {};
   for (unsigned m = full, i = static_cast<unsigned>(t); m != 0; m &= ~(1u << last[m]))
     order[--i] = last[m];
@@ -2782,12 +2823,21 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // Memory::bounded: a detour's collectives on blocks cut by an inner shard pack more on
   // backends that pack (the bound holds the blocks between steps, not that staging).
   const int before_detours = improvements;
-  // In their cheapest order where they are few (the order search costs 2^t t steps).
+  // In their cheapest order where they are few (the order search costs 2^t t steps), which
+  // stops early where it finds every order slower than the best plan so far (cheapest_order's
+  // `beat`).
   const auto try_detour = [&](const detail::Transitions& ts, std::size_t searched = 5) {
-    if (ts.size() <= searched)
-      consider_cheapest_order(ts);
-    else
+    if (ts.size() > searched) {
       consider_order(ts);
+      return;
+    }
+    const Plan* incumbent = beaten();
+    if (latency_loses(ts, incumbent)) return;
+    const detail::Transitions ordered = detail::cheapest_order<true>(
+        src, ts, options,
+        incumbent != nullptr ? detail::plan_builder::time_to_beat(*incumbent)
+                             : std::numeric_limits<double>::infinity());
+    if (!ordered.empty()) consider_order(ordered);
   };
   const auto detours_may_pay = [&] {
     return timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
@@ -2800,17 +2850,17 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
         const Placement m =
             e < src.tensor_ndim() ? Placement::shard(e) : Placement::partial(ReduceOp::sum);
         if (m == a[j] || m == b[j] || (a[j].is_partial() && m.is_partial())) continue;
-        const detail::Transitions detour = detail::detour(a, b, j, m);
+        const detail::Transitions detour = detail::detour(a, b, {j}, m);
         try_detour(detour);
         const detail::Transitions shorter = detail::detour_without_undo(detour, a, j);
         if (!shorter.empty()) try_detour(shorter);
         // Where the moves in between take m off j and put it back, j may instead end earlier.
         if (std::ranges::count_if(detour,
                                   [&](const detail::Transition& t) { return t.mesh_dim == j; }) > 2)
-          try_detour(detail::detour_first(a, b, j, m));
+          try_detour(detail::detour(a, b, {j}, m, true));
       }
     }
-  // And on two mesh dims at once through the same shard (detail::detour_pair), both of them not
+  // And on two mesh dims at once through the same shard, both of them not
   // the mesh dim of the best plan's bottleneck collective (which they would shrink the block
   // of), on meshes of three or more dims (on two, that is every mesh dim). Both forms, in their
   // cheapest order up to 6 transitions.
@@ -2825,9 +2875,9 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
           if ((m == a[j1] && m == b[j1]) || (m == a[j2] && m == b[j2]) ||
               (m == a[j1] && m == a[j2]))
             continue;
-          const detail::Transitions pair = detail::detour_pair(a, b, j1, j2, m);
+          const detail::Transitions pair = detail::detour(a, b, {j1, j2}, m);
           try_detour(pair, 6);
-          const detail::Transitions first = detail::detour_pair(a, b, j1, j2, m, true);
+          const detail::Transitions first = detail::detour(a, b, {j1, j2}, m, true);
           if (!(first == pair)) try_detour(first, 6);
         }
       }
