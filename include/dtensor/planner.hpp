@@ -2843,9 +2843,13 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     return timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
            best.est_us() > 0 && 4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us();
   };
-  if (detours_may_pay())
+  if (detours_may_pay()) {
+    // A detour on j where no other mesh dim moves is two steps on j's group where one would do.
+    int moving = 0;  // mesh dims of more than one rank that the plan changes
+    for (int k = 0; k < static_cast<int>(a.size()); ++k)
+      moving += !(a[k] == b[k]) && src.mesh().size(k) > 1 ? 1 : 0;
     for (int j = 0; j < static_cast<int>(a.size()); ++j) {
-      if (src.mesh().size(j) == 1) continue;
+      if (src.mesh().size(j) == 1 || moving == (a[j] == b[j] ? 0 : 1)) continue;
       for (int e = 0; e <= src.tensor_ndim(); ++e) {
         const Placement m =
             e < src.tensor_ndim() ? Placement::shard(e) : Placement::partial(ReduceOp::sum);
@@ -2860,6 +2864,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
           try_detour(detail::detour(a, b, {j}, m, true));
       }
     }
+  }
   // And on two mesh dims at once through the same shard, both of them not
   // the mesh dim of the best plan's bottleneck collective (which they would shrink the block
   // of), on meshes of three or more dims (on two, that is every mesh dim). Both forms, in their
