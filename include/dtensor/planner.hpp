@@ -2715,8 +2715,20 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     consider_all_to_all(ordered);
   };
   // The same for transitions not yet ordered: their cheapest order, unless they cannot win.
-  auto consider_cheapest_order = [&](const detail::Transitions& ts) {
-    if (!latency_loses(ts, beaten())) consider_order(detail::cheapest_order(src, ts, options));
+  // With `cut` (the detours), the search stops early where it finds every order slower than the
+  // best plan so far (cheapest_order's `beat`).
+  auto consider_cheapest_order = [&](const detail::Transitions& ts, bool cut = false) {
+    const Plan* incumbent = beaten();
+    if (latency_loses(ts, incumbent)) return;
+    if (!cut) {
+      consider_order(detail::cheapest_order(src, ts, options));
+      return;
+    }
+    const detail::Transitions ordered = detail::cheapest_order<true>(
+        src, ts, options,
+        incumbent != nullptr ? detail::plan_builder::time_to_beat(*incumbent)
+                             : std::numeric_limits<double>::infinity());
+    if (!ordered.empty()) consider_order(ordered);
   };
   // Under the time objective also where greedy's plan meets the bound: its order moves the same
   // bytes in any order, but not over the same links. (S(1), S(0)) -> (R, R) of 16 MiB on 2x8
@@ -2823,21 +2835,12 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // Memory::bounded: a detour's collectives on blocks cut by an inner shard pack more on
   // backends that pack (the bound holds the blocks between steps, not that staging).
   const int before_detours = improvements;
-  // In their cheapest order where they are few (the order search costs 2^t t steps), which
-  // stops early where it finds every order slower than the best plan so far (cheapest_order's
-  // `beat`).
+  // In their cheapest order where they are few (the order search costs 2^t t steps).
   const auto try_detour = [&](const detail::Transitions& ts, std::size_t searched = 5) {
-    if (ts.size() > searched) {
+    if (ts.size() <= searched)
+      consider_cheapest_order(ts, true);
+    else
       consider_order(ts);
-      return;
-    }
-    const Plan* incumbent = beaten();
-    if (latency_loses(ts, incumbent)) return;
-    const detail::Transitions ordered = detail::cheapest_order<true>(
-        src, ts, options,
-        incumbent != nullptr ? detail::plan_builder::time_to_beat(*incumbent)
-                             : std::numeric_limits<double>::infinity());
-    if (!ordered.empty()) consider_order(ordered);
   };
   const auto detours_may_pay = [&] {
     return timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
