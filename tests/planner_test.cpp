@@ -1290,6 +1290,121 @@ TEST_CASE("the order search's cut at a time to beat keeps every order that beats
   CHECK(kept > 1000);
 }
 
+namespace {
+
+// The least summed step cost (order_step_cost) of any chain of single-mesh-dim transitions from
+// src to dst over the letters R, every Shard and the ends' Partials (P(sum) included), by plain
+// Dijkstra over every placement list: the brute force the planner's A* search must match.
+double cheapest_chain_by_dijkstra(const Layout& src, const Placements& b, const PlanOptions& o) {
+  const Placements& a = src.placements();
+  std::vector<Placement> letters{Replicate()};
+  for (int d = 0; d < src.tensor_ndim(); ++d) letters.push_back(Shard(d));
+  letters.push_back(Partial());
+  for (const Placements* ps : {&a, &b})
+    for (const Placement& p : *ps)
+      if (std::find(letters.begin(), letters.end(), p) == letters.end()) letters.push_back(p);
+  const int n = src.mesh().ndim(), count = static_cast<int>(letters.size());
+  int states = 1;
+  for (int k = 0; k < n; ++k) states *= count;
+  auto decode = [&](int code) {
+    Placements ps;
+    for (int k = 0; k < n; ++k, code /= count) ps.push_back(letters[code % count]);
+    return ps;
+  };
+  auto encode = [&](const Placements& ps) {
+    int code = 0;
+    for (int k = n; k-- > 0;)
+      code = code * count +
+             static_cast<int>(std::find(letters.begin(), letters.end(), ps[k]) - letters.begin());
+    return code;
+  };
+  std::vector<double> dist(static_cast<std::size_t>(states), 1e300);
+  std::vector<bool> done(static_cast<std::size_t>(states), false);
+  dist[static_cast<std::size_t>(encode(a))] = 0;
+  while (true) {
+    int s = -1;
+    for (int t = 0; t < states; ++t)
+      if (!done[t] && (s < 0 || dist[t] < dist[s])) s = t;
+    if (s < 0 || dist[s] >= 1e300) return 1e300;
+    if (s == encode(b)) return dist[s];
+    done[s] = true;
+    const Placements ps = decode(s);
+    for (int k = 0; k < n; ++k)
+      for (const Placement& to : letters) {
+        const Placement from = ps[k];
+        if (to == from || (from.is_partial() && to.is_partial())) continue;
+        if (!detail::transition_valid_to(k, ps, to)) continue;
+        bool blocked = false;  // a Partial of another op still to be reduced
+        for (int j = 0; j < n && to.is_partial() && !from.is_partial(); ++j)
+          blocked = blocked || (ps[j].is_partial() && !(ps[j] == b[j]) && !(ps[j] == to));
+        if (blocked) continue;
+        Placements next = ps;
+        next[k] = to;
+        const double c = dist[s] + detail::order_step_cost(src, ps, next, k, o);
+        const int t = encode(next);
+        if (c < dist[t]) dist[t] = c;
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("no chain of single-mesh-dim steps is faster than the plan between even layouts",
+          "[planner][chain]") {
+  // 16 MiB, every dim divisible by the ranks: the planner's chain search (cheapest_chain) runs
+  // where bandwidth is a quarter of the plan's time or more, so no chain of per-dim steps, however
+  // long, beats the plan it returns. On 2x8 and 4x2x2 (an outer mesh dim over the network by the
+  // default model) and 2x4 (one node).
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial()};
+  const DeviceMesh meshes[] = {DeviceMesh({2, 8}), DeviceMesh({2, 4}), DeviceMesh({4, 2, 2})};
+  PlanOptions o;
+  o.memory = Memory::any;
+  int checked = 0, chains_won = 0;
+  for (const DeviceMesh& m : meshes) {
+    const PlanOptions costed = o.with_cost_model(CostModel::defaults(m));
+    testing::for_each_pair(m, options, [&](int i, int j, const Placements& a, const Placements& b) {
+      if (a == b || (m.ndim() == 3 && (i * 64 + j) % 5 != 0)) return;  // a fifth of 4x2x2's
+      const Layout src(m, a, {1024, 4096}, DType::f32), dst(m, b, {1024, 4096}, DType::f32);
+      const Plan plan = plan_redistribute(src, dst, o);
+      if (4 * detail::bandwidth_us(plan, costed.cost_model) < plan.est_us()) return;
+      const double chain = cheapest_chain_by_dijkstra(src, b, costed);
+      INFO(fmt::format("{} -> {} on {}: plan {} us ({} steps), chain {} us", a, b, m.shape(),
+                       plan.est_us(), plan.size(), chain));
+      CHECK(plan.est_us() <= chain * (1 + 1e-9));
+      ++checked;
+      // The search's own chain: its sum is its plan's time.
+      const detail::Transitions found = detail::cheapest_chain(src, b, costed, 1e300);
+      REQUIRE_FALSE(found.empty());
+      const Plan built = detail::plan_builder::build(src, dst, found, costed);
+      CHECK(built.est_us() == Approx(chain).epsilon(1e-9));
+      chains_won += found.size() > 2 && plan.est_us() == Approx(chain).epsilon(1e-9) ? 1 : 0;
+    });
+  }
+  CHECK(checked > 800);
+  CHECK(chains_won > 100);
+}
+
+TEST_CASE("a chain moves an eighth of the block over the slow mesh dim", "[planner][chain]") {
+  // (S(0), R) -> (S(1), R) of 16 MiB on 2x8: one all-to-all over mesh dim 0 (the network by the
+  // default model) moves half the block there; the chain fills mesh dim 0 (P(sum)), chunks mesh
+  // dim 1, reduce-scatters an eighth of the tensor over mesh dim 0 (each member's rows, the
+  // other's zeros) and gathers mesh dim 1.
+  const DeviceMesh m({2, 8});
+  const Layout src = layout(m, "S(0),R", {1024, 4096}), dst = layout(m, "S(1),R", {1024, 4096});
+  PlanOptions o;
+  o.memory = Memory::any;
+  const Plan plan = plan_redistribute(src, dst, o);
+  CHECK(kinds(plan) == std::vector{K::fill, K::chunk, K::reduce_scatter, K::all_gather});
+  CHECK(plan[2].mesh_dim == 0);
+  CHECK(plan[2].bytes_recv_max == 1024 * 4096 * 4 / 16);
+  detail::Transitions one;
+  one.push_back({0, Shard(0), Shard(1)});
+  const Plan all_to_all =
+      detail::plan_builder::build(src, dst, one, o.with_cost_model(CostModel::defaults(m)));
+  CHECK(kinds(all_to_all) == std::vector{K::all_to_all});
+  CHECK(plan.est_us() < 0.7 * all_to_all.est_us());  // 69.8 against 101.2 us
+}
+
 TEST_CASE("the lower bound's fast path without Partial equals the general rule",
           "[planner][bound]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
@@ -2918,10 +3033,12 @@ TEST_CASE("detours on two mesh dims at once shrink the block of a slow collectiv
 }
 
 TEST_CASE("Memory::automatic does not take a detour as within the bound", "[planner]") {
-  // (P(sum), S(1)) -> (S(1), R) of 128 MiB on 2x2: the fastest plan is a detour on mesh dim 0
-  // (reduce-scatter to S(0), gather mesh dim 1, all-to-all back to S(1)) whose blocks between
-  // steps hold the bound but whose inner gather stages more on backends that pack; the default
-  // takes the bounded search's plan, within the slack of it, and says it is bounded.
+  // (P(sum), S(1)) -> (S(1), R) of 128 MiB on 2x2: the fastest plan is a chain of three
+  // collectives (all-to-all mesh dim 1 to S(0), reduce-scatter mesh dim 0, gather mesh dim 1;
+  // before the chain search, a detour on mesh dim 0 of the same time) whose blocks between
+  // steps hold the bound but whose collectives on blocks cut by an inner shard stage more on
+  // backends that pack; the default takes the bounded search's plan, within the slack of it,
+  // and says it is bounded.
   const DeviceMesh m({2, 2});
   const Shape shape{4096, 8192};
   const Layout src = layout(m, "P(sum),S(1)", shape), dst = layout(m, "S(1),R", shape);
@@ -2929,7 +3046,7 @@ TEST_CASE("Memory::automatic does not take a detour as within the bound", "[plan
   any.memory = Memory::any;
   const Plan fastest = plan_redistribute(src, dst, any);
   INFO(explain(fastest));
-  REQUIRE(kinds(fastest) == std::vector{K::reduce_scatter, K::all_gather, K::all_to_all});
+  REQUIRE(kinds(fastest) == std::vector{K::all_to_all, K::reduce_scatter, K::all_gather});
   CHECK(blocks_within_ends(fastest));
   const Plan chosen = plan_redistribute(src, dst);
   INFO(explain(chosen));

@@ -1044,6 +1044,223 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
   return out;
 }
 
+// Whether every tensor dim divides by the mesh's ranks: every layout of the tensor is even.
+constexpr bool divides_everywhere(const Layout& base) noexcept {
+  const std::int64_t ranks = base.mesh().size();
+  return std::ranges::all_of(base.global_shape(), [&](std::int64_t n) { return n % ranks == 0; });
+}
+
+// How many placement lists cheapest_chain searches at most.
+inline constexpr int max_chain_states = 256;
+
+// The letters of a mesh dim's placement in cheapest_chain's lists from base's placements to `b`
+// (Replicate, every Shard, P(sum), the ends' Partials), and how many lists they make (capped
+// just past max_chain_states).
+struct ChainLetters {
+  Placement letters[max_tensor_dims + 2 * max_mesh_dims + 2];
+  int count = 0;
+  int states = 1;
+  constexpr ChainLetters(const Layout& base, const Placements& b) {
+    add(Placement::replicate());
+    for (int d = 0; d < base.tensor_ndim(); ++d) add(Placement::shard(d));
+    add(Placement::partial(ReduceOp::sum));
+    for (int k = 0; k < base.mesh().ndim(); ++k) {
+      add(base.placements()[k]);
+      add(b[k]);
+    }
+    for (int k = 0; k < base.mesh().ndim() && states <= max_chain_states; ++k) states *= count;
+  }
+  constexpr void add(const Placement& p) {
+    for (int i = 0; i < count; ++i)
+      if (letters[i] == p) return;
+    letters[count++] = p;
+  }
+};
+
+// The chain of single-mesh-dim transitions from base's placements to `b` with the least summed
+// step cost (order_step_cost's), by A* search over the placement lists on the way: each mesh
+// dim Replicate, a Shard of any tensor dim, P(sum) or a Partial of `b` or the source, each step
+// a valid group operation (transition_valid_to) that makes a Partial only once no other mesh
+// dim holds one of another op that the target does not keep (as reductions_first: a reduction
+// runs on real values, not on another op's identity). Unlike the order search, a mesh dim may
+// change several times: (S(0), R) -> (S(1), R) of 16 MiB on 2x8 chunks mesh dim 1, gathers an
+// eighth of the block over mesh dim 0, all-to-alls mesh dim 1, chunks mesh dim 0 and gathers
+// mesh dim 1 (90 us by the default model, where the all-to-all over mesh dim 0 takes 101). Only
+// where every tensor dim divides by the mesh's ranks (divides_everywhere): every list is then
+// even, a step costs every rank alike (in closed form here) and a chain's sum is its plan's time
+// or bytes. Chains whose sum reaches `beat` go no further. None (no transitions) where no chain
+// beats `beat`, where some tensor dim does not divide, or where the lists number more than
+// max_chain_states.
+constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, const PlanOptions& o,
+                                     double beat) {
+  const Placements& a = base.placements();
+  const DeviceMesh& mesh = base.mesh();
+  const int n = mesh.ndim();
+  const ChainLetters chain_letters(base, b);
+  if (!divides_everywhere(base) || chain_letters.states > max_chain_states) return {};
+  const Placement* letters = chain_letters.letters;
+  const int count = chain_letters.count, states = chain_letters.states;
+  int place[max_mesh_dims] = {};  // place[k]: the weight of mesh dim k's letter
+  for (int k = 0, w = 1; k < n; ++k, w *= count) place[k] = w;
+  auto letter = [&](const Placement& p) {
+    int i = 0;
+    while (!(letters[i] == p)) ++i;
+    return i;
+  };
+  auto encode = [&](const Placements& ps) {
+    int code = 0;
+    for (int k = 0; k < n; ++k) code += letter(ps[k]) * place[k];
+    return code;
+  };
+  // A* search: a chain through a list costs at least its sum so far plus `rest` of the list, the
+  // least time of the collectives still needed there (under the time objective, between even
+  // layouts, else 0). Mesh dim k needs one where its placement is a Partial the target does not
+  // keep there, or a Shard of a tensor dim the target neither shards there nor makes Partial:
+  // some rank then lacks elements (or contributions) that only ranks of another coordinate along
+  // k hold, and only steps of k's groups change that coordinate. Such a step costs at least an
+  // all-to-all of the smallest block (the tensor over every rank) in g - 1 messages. The floor
+  // is consistent: a step on k that ends k's need is such a collective.
+  // What a step from `from` to `to` on mesh dim k costs where a rank holds `block` elements
+  // (every rank alike): order_step_cost's figure between even layouts, in closed form.
+  auto step_us = [&](int k, const Placement& from, const Placement& to, std::int64_t block) {
+    const int g = mesh.size(k);
+    if (g == 1 || from.is_replicate() || to.is_partial()) return 0.0;  // local, or nothing
+    std::int64_t recv = 0, messages = g - 1;
+    if (from.is_shard()) {
+      recv = to.is_replicate() ? (g - 1) * block : block - block / g;  // gather, all-to-all
+    } else if (to.is_shard()) {
+      recv = (g - 1) * (block / g);  // reduce-scatter
+    } else {  // all-reduce: a reduce-scatter of g balanced pieces and an all-gather of them
+      const std::int64_t piece = chunk_range(block, g, 0, ChunkPolicy::balanced).size;
+      recv = (g - 1) * piece + block - piece;
+      messages = std::int64_t{2} * (g - 1);
+    }
+    const double bytes = static_cast<double>(recv) * static_cast<double>(base.elem_bytes());
+    const double us = o.cost_model.dims[static_cast<std::size_t>(k)].time_us(
+        static_cast<double>(messages), bytes);
+    return o.objective == Objective::bytes ? bytes + us * 1e-9 : us;
+  };
+  double floor_us[max_mesh_dims] = {};
+  if (o.objective == Objective::time) {
+    const double smallest = static_cast<double>(base.global_numel()) /
+                            static_cast<double>(mesh.size()) *
+                            static_cast<double>(base.elem_bytes());
+    for (int k = 0; k < n; ++k) {
+      const int g = mesh.size(k);
+      floor_us[k] = o.cost_model.dims[static_cast<std::size_t>(k)].time_us(
+          g - 1, smallest * static_cast<double>(g - 1) / static_cast<double>(g));
+    }
+  }
+  double need_us[max_mesh_dims][max_tensor_dims + 2 * max_mesh_dims + 2] = {};
+  for (int k = 0; k < n; ++k)
+    for (int i = 0; i < count && floor_us[k] > 0; ++i) {
+      const Placement& p = letters[i];
+      const bool needs =
+          p.is_partial() ? !(p == b[k]) : p.is_shard() && !b[k].is_partial() && !(p == b[k]);
+      need_us[k][i] = needs ? floor_us[k] : 0;
+    }
+  auto rest = [&](int s) {
+    double us = 0;
+    for (int k = 0; k < n; ++k) us += need_us[k][s / place[k] % count];
+    return us;
+  };
+  constexpr double unreached = 1e300;
+  double dist[max_chain_states];   // NOLINT(cppcoreguidelines-init-variables): cleared below
+  double bound[max_chain_states];  // NOLINT(cppcoreguidelines-init-variables): dist + rest
+  int from_state[max_chain_states] = {};
+  Transition via[max_chain_states] = {};
+  bool done[max_chain_states] = {};
+  // The lists reached and not yet expanded, a binary heap by bound; slot_of[s]: s's slot (-1:
+  // none).
+  int heap[max_chain_states] = {};
+  int slot_of[max_chain_states] = {};
+  int open = 0;
+  for (int s = 0; s < states; ++s) {
+    dist[s] = bound[s] = unreached;
+    slot_of[s] = -1;
+  }
+  auto place_at = [&](int slot, int s) {
+    heap[slot] = s;
+    slot_of[s] = slot;
+  };
+  auto sift_up = [&](int slot) {
+    const int s = heap[slot];
+    while (slot > 0 && bound[heap[(slot - 1) / 2]] > bound[s]) {
+      place_at(slot, heap[(slot - 1) / 2]);
+      slot = (slot - 1) / 2;
+    }
+    place_at(slot, s);
+  };
+  auto pop = [&] {
+    const int top = heap[0];
+    slot_of[top] = -1;
+    const int s = heap[--open];
+    int slot = 0;
+    while (open > 0) {
+      int child = 2 * slot + 1;
+      if (child >= open) break;
+      if (child + 1 < open && bound[heap[child + 1]] < bound[heap[child]]) ++child;
+      if (bound[heap[child]] >= bound[s]) break;
+      place_at(slot, heap[child]);
+      slot = child;
+    }
+    if (open > 0) place_at(slot, s);
+    return top;
+  };
+  const int start = encode(a), goal = encode(b);
+  dist[start] = 0;
+  bound[start] = rest(start);
+  place_at(open++, start);
+  while (true) {
+    if (open == 0) return {};
+    const int s = pop();
+    if (bound[s] >= beat) return {};
+    if (s == goal) break;
+    done[s] = true;
+    Placements ps = a;
+    std::int64_t block = base.global_numel();  // a rank's elements there
+    for (int k = 0; k < n; ++k) {
+      ps[k] = letters[s / place[k] % count];
+      if (ps[k].is_shard()) block /= mesh.size(k);
+    }
+    // The ops of the Partials the target does not keep, still to be reduced (bit x: ReduceOp
+    // x): a Partial of another op is made only after them.
+    unsigned pending = 0;
+    for (int j = 0; j < n; ++j)
+      if (ps[j].is_partial() && !(ps[j] == b[j]))
+        pending |= 1u << static_cast<unsigned>(ps[j].reduce_op());
+    for (int k = 0; k < n; ++k) {
+      const Placement from = ps[k];
+      const int at = s - letter(from) * place[k];
+      for (int i = 0; i < count; ++i) {
+        const Placement to = letters[i];
+        if (to == from || (from.is_partial() && to.is_partial())) continue;
+        if (to.is_partial() && !from.is_partial() &&
+            (pending & ~(1u << static_cast<unsigned>(to.reduce_op()))) != 0)
+          continue;
+        const int next = at + i * place[k];
+        if (done[next] || !transition_valid_to(k, ps, to)) continue;
+        const double c = dist[s] + step_us(k, from, to, block);
+        if (c < dist[next] && c + rest(next) < beat) {
+          dist[next] = c;
+          bound[next] = c + rest(next);
+          if (slot_of[next] < 0) place_at(open++, next);
+          sift_up(slot_of[next]);
+          from_state[next] = s;
+          via[next] = {k, from, to};
+        }
+      }
+    }
+  }
+  Transitions out;
+  int steps = 0;
+  for (int s = goal; s != start; s = from_state[s]) ++steps;
+  if (steps > static_cast<int>(Transitions::capacity())) return {};
+  out.resize(static_cast<std::size_t>(steps));
+  for (int s = goal, i = steps; s != start; s = from_state[s]) out[--i] = via[s];
+  return out;
+}
+
 // Whether the options let the planner pad a step's uneven pieces: always, or automatically
 // where that is faster, except under Memory::bounded, where automatic padding pads nothing (a
 // padded step stages the group's largest piece for every member, more than the block it
@@ -2846,7 +3063,23 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     return timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
            best.est_us() > 0 && 4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us();
   };
-  if (detours_may_pay()) {
+  const bool may_pay = detours_may_pay();
+  // Where every layout of the tensor is even (then a chain's sum of step costs is its plan's
+  // time) on a mesh of two or more dims, and the placement lists number at most
+  // max_chain_states: the cheapest chain of single-mesh-dim steps (detail::cheapest_chain)
+  // instead, which every detour is one of. It costs less than the detours it replaces (the
+  // A* floor and the time to beat cut most lists) and finds chains they miss.
+  const bool chains = may_pay && src.mesh().ndim() >= 2 && detail::divides_everywhere(src) &&
+                      detail::ChainLetters(src, b).states <= detail::max_chain_states;
+  if (chains) {
+    const Plan* incumbent = beaten();
+    const detail::Transitions chain =
+        detail::cheapest_chain(src, b, options,
+                               incumbent != nullptr ? detail::plan_builder::time_to_beat(*incumbent)
+                                                    : std::numeric_limits<double>::infinity());
+    if (!chain.empty()) consider(chain);
+  }
+  if (may_pay && !chains) {
     // A detour on j where no other mesh dim moves is two steps on j's group where one would do.
     int moving = 0;  // mesh dims of more than one rank that the plan changes
     for (int k = 0; k < static_cast<int>(a.size()); ++k)
@@ -2872,7 +3105,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // the mesh dim of the best plan's bottleneck collective (which they would shrink the block
   // of), on meshes of three or more dims (on two, that is every mesh dim). Both forms, in their
   // cheapest order up to 6 transitions.
-  if (a.size() >= 3 && detours_may_pay()) {
+  if (!chains && a.size() >= 3 && detours_may_pay()) {
     const int busiest = detail::busiest_mesh_dim(best, options.cost_model);
     for (int j1 = 0; j1 < static_cast<int>(a.size()); ++j1)
       for (int j2 = j1 + 1; j2 < static_cast<int>(a.size()); ++j2) {
