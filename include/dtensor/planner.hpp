@@ -1057,7 +1057,8 @@ inline constexpr int max_chain_states = 256;
 // (Replicate, every Shard, P(sum), the ends' Partials), and how many lists they make (capped
 // just past max_chain_states).
 struct ChainLetters {
-  Placement letters[max_tensor_dims + 2 * max_mesh_dims + 2];
+  static constexpr int most = max_tensor_dims + 2 * max_mesh_dims + 2;
+  Placement letters[most];
   int count = 0;
   int states = 1;
   constexpr ChainLetters(const Layout& base, const Placements& b) {
@@ -1151,33 +1152,35 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
           g - 1, smallest * static_cast<double>(g - 1) / static_cast<double>(g));
     }
   }
-  double need_us[max_mesh_dims][max_tensor_dims + 2 * max_mesh_dims + 2] = {};
+  // need_us[k * count + i]: the floor of mesh dim k with letter i there. Arrays below are set
+  // for the first `states` (or n * count) entries before they are read: not cleared.
+  double need_us[max_mesh_dims * ChainLetters::most];  // NOLINT: see above
   for (int k = 0; k < n; ++k)
-    for (int i = 0; i < count && floor_us[k] > 0; ++i) {
+    for (int i = 0; i < count; ++i) {
       const Placement& p = letters[i];
       const bool needs =
           p.is_partial() ? !(p == b[k]) : p.is_shard() && !b[k].is_partial() && !(p == b[k]);
-      need_us[k][i] = needs ? floor_us[k] : 0;
+      need_us[k * count + i] = needs ? floor_us[k] : 0;
     }
   auto rest = [&](int s) {
     double us = 0;
-    for (int k = 0; k < n; ++k) us += need_us[k][s / place[k] % count];
+    for (int k = 0; k < n; ++k) us += need_us[k * count + s / place[k] % count];
     return us;
   };
   constexpr double unreached = 1e300;
-  double dist[max_chain_states];   // NOLINT(cppcoreguidelines-init-variables): cleared below
-  double bound[max_chain_states];  // NOLINT(cppcoreguidelines-init-variables): dist + rest
-  int from_state[max_chain_states] = {};
-  Transition via[max_chain_states] = {};
-  bool done[max_chain_states] = {};
+  double dist[max_chain_states];     // NOLINT(cppcoreguidelines-init-variables): see above
+  double bound[max_chain_states];    // NOLINT(cppcoreguidelines-init-variables): dist + rest
+  int from_state[max_chain_states];  // NOLINT(cppcoreguidelines-init-variables): see above
+  bool done[max_chain_states];       // NOLINT(cppcoreguidelines-init-variables): see above
   // The lists reached and not yet expanded, a binary heap by bound; slot_of[s]: s's slot (-1:
   // none).
-  int heap[max_chain_states] = {};
-  int slot_of[max_chain_states] = {};
+  int heap[max_chain_states];     // NOLINT(cppcoreguidelines-init-variables): see above
+  int slot_of[max_chain_states];  // NOLINT(cppcoreguidelines-init-variables): see above
   int open = 0;
   for (int s = 0; s < states; ++s) {
     dist[s] = bound[s] = unreached;
     slot_of[s] = -1;
+    done[s] = false;
   }
   auto place_at = [&](int slot, int s) {
     heap[slot] = s;
@@ -1247,7 +1250,6 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
           if (slot_of[next] < 0) place_at(open++, next);
           sift_up(slot_of[next]);
           from_state[next] = s;
-          via[next] = {k, from, to};
         }
       }
     }
@@ -1257,7 +1259,12 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
   for (int s = goal; s != start; s = from_state[s]) ++steps;
   if (steps > static_cast<int>(Transitions::capacity())) return {};
   out.resize(static_cast<std::size_t>(steps));
-  for (int s = goal, i = steps; s != start; s = from_state[s]) out[--i] = via[s];
+  for (int s = goal, i = steps; s != start; s = from_state[s]) {
+    const int before = from_state[s];
+    int k = 0;  // the mesh dim whose letter the step changes
+    while (before / place[k] % count == s / place[k] % count) ++k;
+    out[--i] = {k, letters[before / place[k] % count], letters[s / place[k] % count]};
+  }
   return out;
 }
 
