@@ -1167,6 +1167,12 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
     for (int k = 0; k < n; ++k) us += need_us[k * count + s / place[k] % count];
     return us;
   };
+  auto op_bit = [](ReduceOp op) { return 1u << static_cast<unsigned>(op); };
+  // commuting[x]: the ops that commute with ReduceOp x (ops_commute), as bits.
+  unsigned commuting[std::size(all_reduce_ops)] = {};
+  for (ReduceOp x : all_reduce_ops)
+    for (ReduceOp y : all_reduce_ops)
+      if (ops_commute(x, y)) commuting[static_cast<int>(x)] |= op_bit(y);
   constexpr double unreached = 1e300;
   double dist[max_chain_states];     // NOLINT(cppcoreguidelines-init-variables): see above
   double bound[max_chain_states];    // NOLINT(cppcoreguidelines-init-variables): dist + rest
@@ -1220,33 +1226,52 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
     if (bound[s] >= beat) return {};
     if (s == goal) break;
     done[s] = true;
-    Placements ps = a;
-    std::int64_t block = base.global_numel();  // a rank's elements there
-    for (int k = 0; k < n; ++k) {
-      ps[k] = letters[s / place[k] % count];
-      if (ps[k].is_shard()) block /= mesh.size(k);
-    }
-    // The ops of the Partials the target does not keep, still to be reduced (bit x: ReduceOp
-    // x): a Partial of another op is made only after them.
+    // The list's letters; a rank's elements there; the innermost mesh dim sharding each tensor
+    // dim (-1: none); and the ops of the Partials on the mesh dims before each (bit x: ReduceOp
+    // x): transition_valid_to from these.
+    int digit[max_mesh_dims] = {};
+    std::int64_t block = base.global_numel();
+    int innermost[max_tensor_dims] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    unsigned outer_ops[max_mesh_dims + 1] = {};
+    // The ops of the Partials the target does not keep, still to be reduced: a Partial of
+    // another op is made only after them.
     unsigned pending = 0;
-    for (int j = 0; j < n; ++j)
-      if (ps[j].is_partial() && !(ps[j] == b[j]))
-        pending |= 1u << static_cast<unsigned>(ps[j].reduce_op());
     for (int k = 0; k < n; ++k) {
-      const Placement from = ps[k];
-      const int at = s - letter(from) * place[k];
+      digit[k] = s / place[k] % count;
+      const Placement& p = letters[digit[k]];
+      outer_ops[k + 1] = outer_ops[k];
+      if (p.is_shard()) {
+        block /= mesh.size(k);
+        innermost[p.dim()] = k;
+      } else if (p.is_partial()) {
+        outer_ops[k + 1] |= op_bit(p.reduce_op());
+        if (!(p == b[k])) pending |= op_bit(p.reduce_op());
+      }
+    }
+    // A Partial reduced or made on k must commute with every Partial outside it.
+    auto passes_outer = [&](int k, const Placement& p) {
+      return (outer_ops[k] & ~commuting[static_cast<int>(p.reduce_op())]) == 0;
+    };
+    for (int k = 0; k < n; ++k) {
+      const Placement& from = letters[digit[k]];
+      if (from.is_shard() && innermost[from.dim()] != k) continue;  // not k's to remove
+      if (from.is_partial() && !passes_outer(k, from)) continue;
+      const int at = s - digit[k] * place[k];
       for (int i = 0; i < count; ++i) {
-        const Placement to = letters[i];
-        if (to == from || (from.is_partial() && to.is_partial())) continue;
-        if (to.is_partial() && !from.is_partial() &&
-            (pending & ~(1u << static_cast<unsigned>(to.reduce_op()))) != 0)
+        const Placement& to = letters[i];
+        if (i == digit[k] || (from.is_partial() && to.is_partial())) continue;
+        if (to.is_shard() && innermost[to.dim()] > k) continue;  // an inner mesh dim cuts it
+        if (to.is_partial() && (!passes_outer(k, to) ||
+                                (!from.is_partial() && (pending & ~op_bit(to.reduce_op())) != 0)))
           continue;
         const int next = at + i * place[k];
-        if (done[next] || !transition_valid_to(k, ps, to)) continue;
+        if (done[next]) continue;
         const double c = dist[s] + step_us(k, from, to, block);
-        if (c < dist[next] && c + rest(next) < beat) {
+        double ahead = 0;  // rest(next), summed in its order
+        for (int j = 0; j < n; ++j) ahead += need_us[j * count + (j == k ? i : digit[j])];
+        if (c < dist[next] && c + ahead < beat) {
           dist[next] = c;
-          bound[next] = c + rest(next);
+          bound[next] = c + ahead;
           if (slot_of[next] < 0) place_at(open++, next);
           sift_up(slot_of[next]);
           from_state[next] = s;
