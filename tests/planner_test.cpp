@@ -1405,6 +1405,41 @@ TEST_CASE("a chain moves an eighth of the block over the slow mesh dim", "[plann
   CHECK(plan.est_us() < 0.7 * all_to_all.est_us());  // 69.8 against 101.2 us
 }
 
+TEST_CASE("chains that change a mesh dim more than once run correctly", "[planner][chain]") {
+  // A model without latency, its mesh dim 0 ten times slower than the others: every plan is
+  // bandwidth, so the chain search runs on small tensors too and takes long chains (a mesh dim
+  // turned into a Shard or P(sum) and back). Each such plan, run on simulated ranks, gives
+  // every rank its target block, with the bytes it planned.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::max)};
+  int long_chains = 0;
+  for (const DeviceMesh& m : {DeviceMesh({2, 4}), DeviceMesh({2, 2, 2})}) {
+    CostModel model;
+    for (int k = 0; k < m.ndim(); ++k)
+      model.dims[static_cast<std::size_t>(k)] = LinkCost{0.0, k == 0 ? 10.0 : 100.0};
+    PlanOptions o = PlanOptions{}.with_cost_model(model);
+    o.memory = Memory::any;
+    SimulatedWorld world(m);
+    testing::for_each_pair(m, options, [&](int i, int j, const Placements& a, const Placements& b) {
+      if (m.ndim() == 3 && (i * 125 + j) % 3 != 0) return;  // a third of 2x2x2's pairs
+      const Plan plan = plan_redistribute(Layout(m, a, {16, 32}, DType::f32),
+                                          Layout(m, b, {16, 32}, DType::f32), o);
+      int changes[max_mesh_dims] = {};
+      bool again = false;
+      for (const Step& st : plan)
+        if (st.mesh_dim >= 0 && moves_data(st.kind)) again = again || ++changes[st.mesh_dim] > 1;
+      if (!again) return;
+      ++long_chains;
+      INFO(explain(plan));
+      const Verification v = verify_on_simulator(plan, world);
+      CHECK(v.difference == "");
+      CHECK(v.verified);
+      for (int r = 0; r < m.size(); ++r)
+        CHECK(v.measured[static_cast<std::size_t>(r)] == rank_bytes(plan, r));
+    });
+  }
+  CHECK(long_chains > 50);
+}
+
 TEST_CASE("the lower bound's fast path without Partial equals the general rule",
           "[planner][bound]") {
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Shard(2)};
