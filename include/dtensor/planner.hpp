@@ -1079,26 +1079,28 @@ struct ChainLetters {
 };
 
 // The chain of single-mesh-dim transitions from base's placements to `b` with the least summed
-// step cost (order_step_cost's), by A* search over the placement lists on the way: each mesh
+// step cost (order_step_cost's, with every piece padded to the largest), by A* search over the
+// placement lists on the way: each mesh
 // dim Replicate, a Shard of any tensor dim, P(sum) or a Partial of `b` or the source, each step
 // a valid group operation (transition_valid_to) that makes a Partial only once no other mesh
 // dim holds one of another op that the target does not keep (as reductions_first: a reduction
 // runs on real values, not on another op's identity). Unlike the order search, a mesh dim may
 // change several times: (S(0), R) -> (S(1), R) of 16 MiB on 2x8 chunks mesh dim 1, gathers an
 // eighth of the block over mesh dim 0, all-to-alls mesh dim 1, chunks mesh dim 0 and gathers
-// mesh dim 1 (90 us by the default model, where the all-to-all over mesh dim 0 takes 101). Only
-// where every tensor dim divides by the mesh's ranks (divides_everywhere): every list is then
-// even, a step costs every rank alike (in closed form here) and a chain's sum is its plan's time
-// or bytes. Chains whose sum reaches `beat` go no further. None (no transitions) where no chain
-// beats `beat`, where some tensor dim does not divide, or where the lists number more than
-// max_chain_states.
+// mesh dim 1 (90 us by the default model, where the all-to-all over mesh dim 0 takes 101). A
+// step costs what its busiest rank receives with every piece padded to the group's largest,
+// in closed form; where every tensor dim divides by the mesh's ranks (divides_everywhere) every
+// list is even, every rank alike, and a chain's sum is its plan's time or bytes; elsewhere it
+// ranks chains as padded steps would cost them (the plan built from the chain pads where that
+// is faster). Chains whose sum reaches `beat` go no further. None (no transitions) where no
+// chain beats `beat`, or where the lists number more than max_chain_states.
 constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, const PlanOptions& o,
                                      double beat) {
   const Placements& a = base.placements();
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim();
   const ChainLetters chain_letters(base, b);
-  if (!divides_everywhere(base) || chain_letters.states > max_chain_states) return {};
+  if (chain_letters.states > max_chain_states) return {};
   const Placement* letters = chain_letters.letters;
   const int count = chain_letters.count, states = chain_letters.states;
   int place[max_mesh_dims] = {};  // place[k]: the weight of mesh dim k's letter
@@ -1113,24 +1115,23 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
     for (int k = 0; k < n; ++k) code += letter(ps[k]) * place[k];
     return code;
   };
-  // A* search: a chain through a list costs at least its sum so far plus `rest` of the list, the
-  // least time of the collectives still needed there (under the time objective, between even
-  // layouts, else 0). Mesh dim k needs one where its placement is a Partial the target does not
-  // keep there, or a Shard of a tensor dim the target neither shards there nor makes Partial:
-  // some rank then lacks elements (or contributions) that only ranks of another coordinate along
-  // k hold, and only steps of k's groups change that coordinate. Such a step costs at least an
-  // all-to-all of the smallest block (the tensor over every rank) in g - 1 messages. The floor
-  // is consistent: a step on k that ends k's need is such a collective.
-  // What a step from `from` to `to` on mesh dim k costs where a rank holds `block` elements
-  // (every rank alike): order_step_cost's figure between even layouts, in closed form.
-  auto step_us = [&](int k, const Placement& from, const Placement& to, std::int64_t block) {
+  // What a step from `from` to `to` on mesh dim k costs where a rank's block has `extent`
+  // (`block` elements; every piece padded to the largest): order_step_cost's figure between
+  // even layouts, in closed form.
+  auto step_us = [&](int k, const Placement& from, const Placement& to, std::int64_t block,
+                     const std::int64_t* extent) {
     const int g = mesh.size(k);
     if (g == 1 || from.is_replicate() || to.is_partial()) return 0.0;  // local, or nothing
     std::int64_t recv = 0, messages = g - 1;
+    // A member's piece of the block along the tensor dim `to` shards (padded to the largest).
+    auto piece = [&] {
+      const std::int64_t n = extent[to.dim()];
+      return n == 0 ? 0 : block / n * ((n + g - 1) / g);
+    };
     if (from.is_shard()) {
-      recv = to.is_replicate() ? (g - 1) * block : block - block / g;  // gather, all-to-all
+      recv = (g - 1) * (to.is_replicate() ? block : piece());  // gather, all-to-all
     } else if (to.is_shard()) {
-      recv = (g - 1) * (block / g);  // reduce-scatter
+      recv = (g - 1) * piece();  // reduce-scatter
     } else {  // all-reduce: a reduce-scatter of g balanced pieces and an all-gather of them
       const std::int64_t piece = chunk_range(block, g, 0, ChunkPolicy::balanced).size;
       recv = (g - 1) * piece + block - piece;
@@ -1141,6 +1142,14 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
         static_cast<double>(messages), bytes);
     return o.objective == Objective::bytes ? bytes + us * 1e-9 : us;
   };
+  // A* search: a chain through a list costs at least its sum so far plus `rest` of the list,
+  // the least time of the collectives still needed there (under the time objective, else 0).
+  // Mesh dim k needs one where its placement is a Partial the target does not keep there, or a
+  // Shard of a tensor dim the target neither shards there nor makes Partial: some rank then
+  // lacks elements (or contributions) that only ranks of another coordinate along k hold, and
+  // only steps of k's groups change that coordinate. Such a step costs at least an all-to-all
+  // of the smallest block (the tensor over every rank; a padded block is no smaller) in g - 1
+  // messages. The floor is consistent: a step on k that ends k's need is such a collective.
   double floor_us[max_mesh_dims] = {};
   if (o.objective == Objective::time) {
     const double smallest = static_cast<double>(base.global_numel()) /
@@ -1230,7 +1239,8 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
     // dim (-1: none); and the ops of the Partials on the mesh dims before each (bit x: ReduceOp
     // x): transition_valid_to from these.
     int digit[max_mesh_dims] = {};
-    std::int64_t block = base.global_numel();
+    std::int64_t extent[max_tensor_dims] = {};  // the block's, each piece padded to the largest
+    for (int d = 0; d < base.tensor_ndim(); ++d) extent[d] = base.global_shape()[d];
     int innermost[max_tensor_dims] = {-1, -1, -1, -1, -1, -1, -1, -1};
     unsigned outer_ops[max_mesh_dims + 1] = {};
     // The ops of the Partials the target does not keep, still to be reduced: a Partial of
@@ -1241,13 +1251,15 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
       const Placement& p = letters[digit[k]];
       outer_ops[k + 1] = outer_ops[k];
       if (p.is_shard()) {
-        block /= mesh.size(k);
+        extent[p.dim()] = (extent[p.dim()] + mesh.size(k) - 1) / mesh.size(k);
         innermost[p.dim()] = k;
       } else if (p.is_partial()) {
         outer_ops[k + 1] |= op_bit(p.reduce_op());
         if (!(p == b[k])) pending |= op_bit(p.reduce_op());
       }
     }
+    std::int64_t block = 1;  // a rank's elements there
+    for (int d = 0; d < base.tensor_ndim(); ++d) block *= extent[d];
     // A Partial reduced or made on k must commute with every Partial outside it.
     auto passes_outer = [&](int k, const Placement& p) {
       return (outer_ops[k] & ~commuting[static_cast<int>(p.reduce_op())]) == 0;
@@ -1266,7 +1278,7 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
           continue;
         const int next = at + i * place[k];
         if (done[next]) continue;
-        const double c = dist[s] + step_us(k, from, to, block);
+        const double c = dist[s] + step_us(k, from, to, block, extent);
         double ahead = 0;  // rest(next), summed in its order
         for (int j = 0; j < n; ++j) ahead += need_us[j * count + (j == k ? i : digit[j])];
         if (c < dist[next] && c + ahead < beat) {
@@ -3096,12 +3108,13 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
            best.est_us() > 0 && 4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us();
   };
   const bool may_pay = detours_may_pay();
-  // Where every layout of the tensor is even (then a chain's sum of step costs is its plan's
-  // time) on a mesh of two or more dims, and the placement lists number at most
-  // max_chain_states: the cheapest chain of single-mesh-dim steps (detail::cheapest_chain)
-  // instead, which every detour is one of. It costs less than the detours it replaces (the
-  // A* floor and the time to beat cut most lists) and finds chains they miss.
-  const bool chains = may_pay && src.mesh().ndim() >= 2 && detail::divides_everywhere(src) &&
+  // On a mesh of two or more dims, where the placement lists number at most max_chain_states:
+  // the cheapest chain of single-mesh-dim steps (detail::cheapest_chain) instead, which every
+  // detour is one of (between even layouts it is the fastest plan of them all; between uneven
+  // ones, ranked with padded steps, it found every plan the detours did on 90,000 random
+  // pairs). It costs less than the detours it replaces (the A* floor and the time to beat cut
+  // most lists) and finds chains they miss.
+  const bool chains = may_pay && src.mesh().ndim() >= 2 &&
                       detail::ChainLetters(src, b).states <= detail::max_chain_states;
   if (chains) {
     const Plan* incumbent = beaten();
