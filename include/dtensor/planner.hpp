@@ -1050,8 +1050,9 @@ constexpr bool divides_everywhere(const Layout& base) noexcept {
   return std::ranges::all_of(base.global_shape(), [&](std::int64_t n) { return n % ranks == 0; });
 }
 
-// How many placement lists cheapest_chain searches at most.
-inline constexpr int max_chain_states = 256;
+// How many placement lists cheapest_chain searches at most: 6 letters on 4 mesh dims (a 3-D
+// tensor with a Partial op besides P(sum)), 10 on 3.
+inline constexpr int max_chain_states = 1296;
 
 // The letters of a mesh dim's placement in cheapest_chain's lists from base's placements to `b`
 // (Replicate, every Shard, P(sum), the ends' Partials), and how many lists they make (capped
