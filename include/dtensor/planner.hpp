@@ -1081,20 +1081,20 @@ struct ChainLetters {
 
 // The chain of single-mesh-dim transitions from base's placements to `b` with the least summed
 // step cost (order_step_cost's, with every piece padded to the largest), by A* search over the
-// placement lists on the way: each mesh
-// dim Replicate, a Shard of any tensor dim, P(sum) or a Partial of `b` or the source, each step
-// a valid group operation (transition_valid_to) that makes a Partial only once no other mesh
-// dim holds one of another op that the target does not keep (as reductions_first: a reduction
-// runs on real values, not on another op's identity). Unlike the order search, a mesh dim may
-// change several times: (S(0), R) -> (S(1), R) of 16 MiB on 2x8 chunks mesh dim 1, gathers an
-// eighth of the block over mesh dim 0, all-to-alls mesh dim 1, chunks mesh dim 0 and gathers
-// mesh dim 1 (90 us by the default model, where the all-to-all over mesh dim 0 takes 101). A
-// step costs what its busiest rank receives with every piece padded to the group's largest,
-// in closed form; where every tensor dim divides by the mesh's ranks (divides_everywhere) every
-// list is even, every rank alike, and a chain's sum is its plan's time or bytes; elsewhere it
-// ranks chains as padded steps would cost them (the plan built from the chain pads where that
-// is faster). Chains whose sum reaches `beat` go no further. None (no transitions) where no
-// chain beats `beat`, or where the lists number more than max_chain_states.
+// placement lists on the way: each mesh dim Replicate, a Shard of any tensor dim, P(sum) or a
+// Partial of `b` or the source, each step a valid group operation (transition_valid_to) that
+// makes a Partial only once no other mesh dim holds one of another op that the target does not
+// keep (as reductions_first: a reduction runs on real values, not on another op's identity).
+// Unlike the order search, a mesh dim may change several times: (S(0), R) -> (S(1), R) of 16
+// MiB on 2x8 fills mesh dim 0, chunks mesh dim 1, reduce-scatters an eighth of the tensor over
+// mesh dim 0 and gathers over mesh dim 1 (70 us by the default model, where the all-to-all over
+// mesh dim 0 takes 101). A step costs what its busiest rank receives with every piece padded to
+// the group's largest, in closed form; where every tensor dim divides by the mesh's ranks
+// (divides_everywhere) every list is even, every rank alike, and a chain's sum is its plan's
+// time or bytes; elsewhere it ranks chains as padded steps would cost them (the plan built from
+// the chain pads where that is faster). Chains whose sum reaches `beat` go no further. None (no
+// transitions) where no chain beats `beat`, or where the lists number more than
+// max_chain_states.
 constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, const PlanOptions& o,
                                      double beat) {
   const Placements& a = base.placements();
@@ -1242,7 +1242,8 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
     int digit[max_mesh_dims] = {};
     std::int64_t extent[max_tensor_dims] = {};  // the block's, each piece padded to the largest
     for (int d = 0; d < base.tensor_ndim(); ++d) extent[d] = base.global_shape()[d];
-    int innermost[max_tensor_dims] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    int innermost[max_tensor_dims] = {};
+    for (int d = 0; d < base.tensor_ndim(); ++d) innermost[d] = -1;
     unsigned outer_ops[max_mesh_dims + 1] = {};
     // The ops of the Partials the target does not keep, still to be reduced: a Partial of
     // another op is made only after them.
@@ -3112,7 +3113,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // On a mesh of two or more dims, where the placement lists number at most max_chain_states:
   // the cheapest chain of single-mesh-dim steps (detail::cheapest_chain) instead, which every
   // detour is one of (between even layouts it is the fastest plan of them all; between uneven
-  // ones, ranked with padded steps, it found every plan the detours did on 90,000 random
+  // ones, ranked with padded steps, it found every plan the detours did on 60,000 random
   // pairs). It costs less than the detours it replaces (the A* floor and the time to beat cut
   // most lists) and finds chains they miss.
   const bool chains = may_pay && src.mesh().ndim() >= 2 &&
