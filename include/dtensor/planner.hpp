@@ -3115,9 +3115,15 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // detour is one of (between even layouts it is the fastest plan of them all; between uneven
   // ones, ranked with padded steps, it found every plan the detours did on 60,000 random
   // pairs). It costs less than the detours it replaces (the A* floor and the time to beat cut
-  // most lists) and finds chains they miss.
-  const bool chains = may_pay && src.mesh().ndim() >= 2 &&
-                      detail::ChainLetters(src, b).states <= detail::max_chain_states;
+  // most lists) and finds chains they miss. On three or more mesh dims also where latency
+  // rules: there fewer messages in another order can pay ((P(max), P(max), P(max)) ->
+  // (P(sum), P(sum), P(max)) on 2x2x2 reduce-scatters two mesh dims, not three: 4 us by the
+  // default model against 6), and on two (most plans) it rarely does.
+  const bool chains =
+      src.mesh().ndim() >= 2 &&
+      (may_pay || (timed && options.memory != Memory::bounded &&
+                   !detail::plan_builder::pruned(best) && src.mesh().ndim() >= 3)) &&
+      detail::ChainLetters(src, b).states <= detail::max_chain_states;
   if (chains) {
     const Plan* incumbent = beaten();
     const detail::Transitions chain =
