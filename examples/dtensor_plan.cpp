@@ -42,6 +42,8 @@ sharding picture of both layouts. Without --to, explains the one layout.
                          rank's larger block reaches 1 MiB, any below)
   --no-exchange          only per-mesh-dim collectives
   --no-all-to-all        no all-to-all: shard dim changes go through Replicate
+  --exact-values         between layouts without Partial, steps that only move values (no
+                         sum with zeros through P(sum), which turns -0.0 into +0.0)
   --backward             explain the gradient plan (PyTorch's rule) instead
   --grad 'R,S(1)'        the gradient's placements for --backward (default: --to's)
   --adjoint              explain the adjoint (transpose) plan instead
@@ -131,6 +133,8 @@ Options parse_args(int argc, char** argv) {
       o.plan.allow_exchange = false;
     else if (arg == "--no-all-to-all")
       o.plan.allow_all_to_all = false;
+    else if (arg == "--exact-values")
+      o.plan.exact_values = true;
     else {
       if (arg.substr(0, 2) != "--")
         throw usage_error{fmt::format("unexpected argument '{}' (see --help)", arg)};

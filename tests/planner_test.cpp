@@ -8,6 +8,8 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -1438,6 +1440,64 @@ TEST_CASE("chains that change a mesh dim more than once run correctly", "[planne
     });
   }
   CHECK(long_chains > 50);
+}
+
+TEST_CASE("exact_values keeps sums with zeros out of plans between layouts without Partial",
+          "[planner][chain]") {
+  // (S(0), R) -> (S(1), R) on 2x8 where mesh dim 0 is ten times slower (no latency): the
+  // fastest chain fills mesh dim 0 (P(sum)) and reduce-scatters over it, which turns every -0.0
+  // into +0.0 (-0.0 + 0.0); under exact_values the plan only moves values, -0.0 included.
+  const DeviceMesh m({2, 8});
+  CostModel model;
+  model.dims[0] = LinkCost{0.0, 10.0};
+  model.dims[1] = LinkCost{0.0, 100.0};
+  PlanOptions o = PlanOptions{}.with_cost_model(model);
+  o.memory = Memory::any;
+  const Layout src = layout(m, "S(0),R", {16, 32}), dst = layout(m, "S(1),R", {16, 32});
+  auto through_partial = [](const Plan& p) {
+    return std::ranges::any_of(p, [](const Step& s) { return has_partial(s.after); });
+  };
+  const Plan fast = plan_redistribute(src, dst, o);
+  o.exact_values = true;
+  const Plan exact = plan_redistribute(src, dst, o);
+  INFO(explain(fast));
+  INFO(explain(exact));
+  REQUIRE(through_partial(fast));
+  CHECK_FALSE(through_partial(exact));
+  CHECK(exact.est_us() > fast.est_us());
+  CHECK(verify_on_simulator(exact).verified);
+  // Every value -0.0: whether every rank receives -0.0 back.
+  SimulatedWorld world(m);
+  auto keeps_negative_zeros = [&](const Plan& p) {
+    std::atomic<int> kept{0};
+    world.run([&](SimulatedBackend& backend) {
+      const int rank = backend.rank();
+      const std::vector<float> in(static_cast<std::size_t>(p.src().local_numel(rank)), -0.0f);
+      std::vector<float> out(static_cast<std::size_t>(p.dst().local_numel(rank)), 1.0f);
+      execute(p, backend, std::span<const float>(in), std::span<float>(out));
+      if (std::ranges::all_of(out, [](float x) { return x == 0 && std::signbit(x); })) ++kept;
+    });
+    return kept.load() == m.size();
+  };
+  CHECK_FALSE(keeps_negative_zeros(fast));
+  CHECK(keeps_negative_zeros(exact));
+  // And on random pairs without Partial, large and small, on meshes of 2 to 4 dims.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1)};
+  int checked = 0;
+  for (const DeviceMesh& mesh :
+       {DeviceMesh({2, 8}), DeviceMesh({4, 2, 2}), DeviceMesh({2, 2, 2, 2})})
+    for (const Shape& shape : {Shape{1024, 4096}, Shape{1000, 4095}, Shape{8, 16}})
+      testing::for_each_pair(
+          mesh, options, [&](int, int, const Placements& a, const Placements& b) {
+            PlanOptions x;
+            x.exact_values = true;
+            const Plan p = plan_redistribute(Layout(mesh, a, shape, DType::f32),
+                                             Layout(mesh, b, shape, DType::f32), x);
+            INFO(explain(p));
+            CHECK_FALSE(through_partial(p));
+            ++checked;
+          });
+  CHECK(checked > 1000);
 }
 
 TEST_CASE("the lower bound's fast path without Partial equals the general rule",

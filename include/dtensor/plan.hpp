@@ -102,6 +102,10 @@ struct PlanOptions {
   // the fastest plan a bounded plan may take, as a fraction of the fastest's.
   std::int64_t bounded_from_bytes = std::int64_t{1} << 20;
   double memory_slack = 0.1;
+  // Between layouts without Partial, only steps that move values: no pass through P(sum) (a
+  // fill and a reduce-scatter, whose sums with zeros turn a -0.0 into +0.0), so every value
+  // arrives bit for bit, at times in a slower plan (docs/planner.md, candidate 8).
+  bool exact_values = false;
   // The cost model; CostModel::defaults(mesh) when unset.
   bool has_cost_model = false;
   CostModel cost_model{};

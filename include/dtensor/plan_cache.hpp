@@ -82,7 +82,7 @@ class PlanCache {
     mix(static_cast<std::uint64_t>(o.objective) | static_cast<std::uint64_t>(o.padding) << 8 |
         static_cast<std::uint64_t>(o.memory) << 16 |
         static_cast<std::uint64_t>(o.partial_from_replicate) << 24 | bit(o.allow_exchange) << 32 |
-        bit(o.allow_all_to_all) << 33 | bit(o.has_cost_model) << 34);
+        bit(o.allow_all_to_all) << 33 | bit(o.has_cost_model) << 34 | bit(o.exact_values) << 35);
     return h;
   }
 

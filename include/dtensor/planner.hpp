@@ -1054,18 +1054,24 @@ constexpr bool divides_everywhere(const Layout& base) noexcept {
 // tensor with a Partial op besides P(sum)), 10 on 3.
 inline constexpr int max_chain_states = 1296;
 
+// Whether a plan from base's placements to `b` may pass through P(sum) where neither end holds a
+// Partial (not under PlanOptions::exact_values).
+constexpr bool sum_transit(const Layout& base, const Placements& b, const PlanOptions& o) {
+  return !o.exact_values || has_partial(base.placements()) || has_partial(b);
+}
+
 // The letters of a mesh dim's placement in cheapest_chain's lists from base's placements to `b`
-// (Replicate, every Shard, P(sum), the ends' Partials), and how many lists they make (capped
-// just past max_chain_states).
+// (Replicate, every Shard, P(sum) unless sum_transit says not, the ends' Partials), and how
+// many lists they make (capped just past max_chain_states).
 struct ChainLetters {
   static constexpr int most = max_tensor_dims + 2 * max_mesh_dims + 2;
   Placement letters[most];
   int count = 0;
   int states = 1;
-  constexpr ChainLetters(const Layout& base, const Placements& b) {
+  constexpr ChainLetters(const Layout& base, const Placements& b, const PlanOptions& o) {
     add(Placement::replicate());
     for (int d = 0; d < base.tensor_ndim(); ++d) add(Placement::shard(d));
-    add(Placement::partial(ReduceOp::sum));
+    if (sum_transit(base, b, o)) add(Placement::partial(ReduceOp::sum));
     for (int k = 0; k < base.mesh().ndim(); ++k) {
       add(base.placements()[k]);
       add(b[k]);
@@ -1100,7 +1106,7 @@ constexpr Transitions cheapest_chain(const Layout& base, const Placements& b, co
   const Placements& a = base.placements();
   const DeviceMesh& mesh = base.mesh();
   const int n = mesh.ndim();
-  const ChainLetters chain_letters(base, b);
+  const ChainLetters chain_letters(base, b, o);
   if (chain_letters.states > max_chain_states) return {};
   const Placement* letters = chain_letters.letters;
   const int count = chain_letters.count, states = chain_letters.states;
@@ -3123,7 +3129,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
       src.mesh().ndim() >= 2 &&
       (may_pay || (timed && options.memory != Memory::bounded &&
                    !detail::plan_builder::pruned(best) && src.mesh().ndim() >= 3)) &&
-      detail::ChainLetters(src, b).states <= detail::max_chain_states;
+      detail::ChainLetters(src, b, options).states <= detail::max_chain_states;
   if (chains) {
     const Plan* incumbent = beaten();
     const detail::Transitions chain =
@@ -3140,6 +3146,7 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     for (int j = 0; j < static_cast<int>(a.size()); ++j) {
       if (src.mesh().size(j) == 1 || moving == (a[j] == b[j] ? 0 : 1)) continue;
       for (int e = 0; e <= src.tensor_ndim(); ++e) {
+        if (e == src.tensor_ndim() && !detail::sum_transit(src, b, options)) continue;
         const Placement m =
             e < src.tensor_ndim() ? Placement::shard(e) : Placement::partial(ReduceOp::sum);
         if (m == a[j] || m == b[j] || (a[j].is_partial() && m.is_partial())) continue;

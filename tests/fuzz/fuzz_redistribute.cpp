@@ -191,6 +191,8 @@ Options parse_options(std::string_view line) {
       o.adjoint = true;
     else if (word == "batch")
       o.batch = true;
+    else if (word == "exact")
+      o.plan.exact_values = true;
     else {
       // Unknown words still choose options, so that mutated bytes explore them.
       const auto b = static_cast<unsigned char>(word[0]);
@@ -208,6 +210,8 @@ Options parse_options(std::string_view line) {
         o.plan.memory = Memory::bounded;
       if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 8u))
         o.plan.bounded_from_bytes = 0;
+      if (word.size() > 1 && (static_cast<unsigned char>(word[1]) & 16u))
+        o.plan.exact_values = true;
     }
   }
   return o;
@@ -238,7 +242,7 @@ std::string shape_text(const Shape& s) {
 std::string options_text(const Options& o) {
   return fmt::format(
       "objective={} padding={} exchange={} all_to_all={} policy={} partial_from_replicate={} "
-      "backward={} adjoint={} batch={} memory={} bounded_from_bytes={}",
+      "backward={} adjoint={} batch={} memory={} bounded_from_bytes={} exact_values={}",
       o.plan.objective == Objective::bytes ? "bytes" : "time",
       o.plan.padding == Padding::always  ? "always"
       : o.plan.padding == Padding::never ? "never"
@@ -249,7 +253,7 @@ std::string options_text(const Options& o) {
       o.plan.memory == Memory::bounded ? "bounded"
       : o.plan.memory == Memory::any   ? "any"
                                        : "auto",
-      o.plan.bounded_from_bytes);
+      o.plan.bounded_from_bytes, o.plan.exact_values);
 }
 
 // Whether every ')' closes an earlier '(' and every '(' is closed.
@@ -345,6 +349,12 @@ void check_plan(const Plan& plan, const Options& o, std::string_view what,
       !has_partial(dst.placements()) && plan.bytes_recv_max() != bound)
     fail(fmt::format("Objective::bytes without Partial moves {} B, not the lower bound {} B",
                      plan.bytes_recv_max(), bound));
+  // docs/planner.md: under PlanOptions::exact_values, no Partial on either side passes through
+  // none.
+  if (o.plan.exact_values && !has_partial(src.placements()) && !has_partial(dst.placements()))
+    for (const Step& s : plan)
+      if (has_partial(s.after))
+        fail(fmt::format("exact_values without Partial passes through {}", s.after));
   // docs/planner.md: under Memory::bounded, no Partial on either side holds no block between
   // steps larger than both ends.
   if (o.plan.memory == Memory::bounded && o.plan.allow_exchange && !o.backward && !o.adjoint &&
