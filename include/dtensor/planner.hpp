@@ -3111,9 +3111,14 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     else
       consider_order(ts);
   };
+  // Whether a plan of more steps than the best so far may be kept: the time objective, not
+  // Memory::bounded, and a best plan to beat.
+  const auto longer_may_pay = [&] {
+    return timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best);
+  };
   const auto detours_may_pay = [&] {
-    return timed && options.memory != Memory::bounded && !detail::plan_builder::pruned(best) &&
-           best.est_us() > 0 && 4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us();
+    return longer_may_pay() && best.est_us() > 0 &&
+           4 * detail::bandwidth_us(best, options.cost_model) >= best.est_us();
   };
   const bool may_pay = detours_may_pay();
   // On a mesh of two or more dims, where the placement lists number at most max_chain_states:
@@ -3125,11 +3130,9 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
   // rules: there fewer messages in another order can pay ((P(max), P(max), P(max)) ->
   // (P(sum), P(sum), P(max)) on 2x2x2 reduce-scatters two mesh dims, not three: 4 us by the
   // default model against 6), and on two (most plans) it rarely does.
-  const bool chains =
-      src.mesh().ndim() >= 2 &&
-      (may_pay || (timed && options.memory != Memory::bounded &&
-                   !detail::plan_builder::pruned(best) && src.mesh().ndim() >= 3)) &&
-      detail::ChainLetters(src, b, options).states <= detail::max_chain_states;
+  const bool chains = src.mesh().ndim() >= 2 &&
+                      (may_pay || (src.mesh().ndim() >= 3 && longer_may_pay())) &&
+                      detail::ChainLetters(src, b, options).states <= detail::max_chain_states;
   if (chains) {
     const Plan* incumbent = beaten();
     const detail::Transitions chain =
