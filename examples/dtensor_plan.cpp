@@ -280,7 +280,8 @@ MemoryReport memory_report(const Plan& plan) {
   for (int rank = 0; rank < mesh.size(); ++rank) {
     const std::int64_t ends = std::max(plan.src().local_bytes(rank), plan.dst().local_bytes(rank));
     const std::int64_t held = workspace_bytes<SimulatedBackend>(plan, rank);
-    const std::int64_t packed = detail::rank_workspace_bytes(plan, mesh.coordinate(rank), 0);
+    const std::int64_t packed =
+        detail::rank_workspace_bytes(plan, mesh.coordinate(rank), 0, detail::packing_abilities);
     m.per_rank.push_back(held);
     m.packing.push_back(packed);
     m.strided = std::max(m.strided, held);

@@ -1132,6 +1132,94 @@ TEST_CASE("a block moves in place into a larger one around it", "[execute][memor
   CHECK(cases > 80);
 }
 
+TEST_CASE("a device's moves of a block in place into a larger one read nothing they wrote",
+          "[execute][memory]") {
+  // detail::expand_moves (cuda::fill_around_in_place runs a launch per move, every element of a
+  // move at once) on random boxes of 1 to 4 dims: no move writes an element that it or a later
+  // move reads, the moves run with every read before every write end where a copy puts the
+  // block (rows overlapping their own places, which go in pieces, among them), and
+  // ExpandGeometry::holds says which elements of outer are the block's.
+  std::mt19937 rng(11);
+  int moved = 0, most_moves = 0, pieces = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int nd = 1 + trial % 4;
+    Shape outer, inner, at;
+    for (int d = 0; d < nd; ++d) {
+      outer.push_back(std::uniform_int_distribution<std::int64_t>(0, nd == 1 ? 40 : 9)(rng));
+      inner.push_back(std::uniform_int_distribution<std::int64_t>(0, outer[d])(rng));
+      if (trial % 3 == 0 && d > 0) inner[d] = outer[d];
+      at.push_back(std::uniform_int_distribution<std::int64_t>(0, outer[d] - inner[d])(rng));
+    }
+    std::int64_t inner_count = 1, outer_count = 1;
+    for (int d = 0; d < nd; ++d) inner_count *= inner[d], outer_count *= outer[d];
+    std::vector<std::int32_t> data(static_cast<std::size_t>(outer_count), -2);
+    std::vector<std::int32_t> expected(data.size(), -1);
+    for (std::int64_t i = 0; i < inner_count; ++i) data[static_cast<std::size_t>(i)] = 1 + i;
+    const std::vector<std::int32_t> block(data.begin(), data.begin() + inner_count);
+    detail::copy_box(reinterpret_cast<const std::byte*>(block.data()), inner, Shape(nd, 0),
+                     reinterpret_cast<std::byte*>(expected.data()), outer, at, inner,
+                     sizeof(std::int32_t));
+    INFO(fmt::format("inner {} at {} in {}", inner, at, outer));
+    const detail::ExpandGeometry g = detail::expand_geometry(inner, outer, at);
+    // Every move's reads and writes; then its copies, all reads first.
+    std::vector<std::pair<std::int64_t, std::int64_t>> moves;  // (from, to) of each element
+    std::vector<std::size_t> ends;                             // each move's end in `moves`
+    detail::expand_moves(g, [&](const detail::ExpandMove& m) {
+      REQUIRE(m.first < m.last);
+      REQUIRE(m.from < m.to);
+      pieces += m.to - m.from < g.run ? 1 : 0;
+      for (std::int64_t s = m.first; s < m.last; ++s)
+        for (std::int64_t j = m.from; j < m.to; ++j) moves.emplace_back(s * g.run + j, g.to(s) + j);
+      ends.push_back(moves.size());
+    });
+    std::vector<bool> read_later(data.size(), false);
+    bool clean = true;
+    for (std::size_t m = ends.size(), stop = moves.size(); m-- > 0;) {
+      const std::size_t start = m == 0 ? 0 : ends[m - 1];
+      for (std::size_t e = start; e < stop; ++e)
+        read_later[static_cast<std::size_t>(moves[e].first)] = true;
+      for (std::size_t e = start; e < stop; ++e)
+        clean = clean && !read_later[static_cast<std::size_t>(moves[e].second)];
+      stop = start;
+    }
+    CHECK(clean);
+    for (std::size_t m = 0, start = 0; m < ends.size(); start = ends[m++]) {
+      std::vector<std::int32_t> values;
+      for (std::size_t e = start; e < ends[m]; ++e)
+        values.push_back(data[static_cast<std::size_t>(moves[e].first)]);
+      for (std::size_t e = start; e < ends[m]; ++e)
+        data[static_cast<std::size_t>(moves[e].second)] = values[e - start];
+    }
+    for (std::int64_t i = 0; i < outer_count; ++i) {
+      const bool inside = expected[static_cast<std::size_t>(i)] != -1;
+      CHECK(g.holds(i) == inside);
+      if (!g.holds(i)) data[static_cast<std::size_t>(i)] = -1;
+    }
+    CHECK(data == expected);
+    moved += ends.empty() ? 0 : 1;
+    most_moves = std::max(most_moves, static_cast<int>(ends.size()));
+  }
+  CHECK(moved > 1000);
+  CHECK(most_moves > 1);
+  CHECK(pieces > 50);
+  // A fill's block is a piece of g of its target along one dim: each move takes the rows whose
+  // places lie past what is left, about (g - 1) / g of them, so the moves number about
+  // log_g(rows) (a launch each); a block of whole rows that moves past its end takes one.
+  for (const auto& [inner, outer, at, moves] :
+       {std::tuple{Shape{1024, 512}, Shape{1024, 1024}, Shape{0, 512}, 11},
+        std::tuple{Shape{1024, 512}, Shape{1024, 1024}, Shape{0, 0}, 10},
+        std::tuple{Shape{4096, 64}, Shape{4096, 512}, Shape{0, 0}, 4},
+        std::tuple{Shape{2049, 16}, Shape{4097, 16}, Shape{0, 0}, 0},
+        std::tuple{Shape{2048, 16}, Shape{4097, 16}, Shape{2049, 0}, 1},
+        std::tuple{Shape{16, 2049}, Shape{16, 4097}, Shape{0, 0}, 6}}) {
+    int n = 0;
+    detail::expand_moves(detail::expand_geometry(inner, outer, at),
+                         [&](const detail::ExpandMove&) { ++n; });
+    INFO(fmt::format("inner {} at {} in {}", inner, at, outer));
+    CHECK(n == moves);
+  }
+}
+
 TEST_CASE("a fill whose block lies in its target runs there", "[execute][memory]") {
   // (S(0), P) -> (P, S(0)) on 2x4 under Memory::bounded all-to-alls mesh dim 0 (to the source's
   // size), reduce-scatters mesh dim 1 into the target and fills mesh dim 0 there: on host

@@ -26,6 +26,10 @@ namespace dtensor {
 
 namespace detail {
 
+// A backend that packs strided pieces (NCCL): no strided collectives, local ops that fill in
+// place (cuda::DeviceOps, like HostOps).
+inline constexpr LinkAbilities packing_abilities{.fills_in_place = true};
+
 // The scratch run_plan holds at most on the rank at `me` (place_blocks), with the steps whose
 // bit is set in `point_to_point` run as messages, over a link with abilities `a`.
 inline std::int64_t rank_workspace_bytes(const Plan& plan, const MeshCoord& me,
@@ -58,7 +62,8 @@ inline std::int64_t workspace_bytes(const Plan& plan) {
                                           .strided_all_gather = true,
                                           .strided_exchange = true,
                                           .fills_in_place = true};
-  return std::max(detail::workspace_bytes(plan, 0), detail::workspace_bytes(plan, 0, strided));
+  return std::max(detail::workspace_bytes(plan, 0, detail::packing_abilities),
+                  detail::workspace_bytes(plan, 0, strided));
 }
 
 // The same on backend B (`workspace_bytes<MpiBackend>(plan)`), whose strided operations

@@ -12,6 +12,7 @@
 
 #include "detail/box_copy.hpp"
 #include "detail/elementwise.hpp"
+#include "detail/expand_in_place.hpp"
 #include "detail/host_block_cache.hpp"
 #include "dtype.hpp"
 #include "layout.hpp"

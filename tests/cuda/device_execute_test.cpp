@@ -288,6 +288,39 @@ TEST_CASE("fill, scale and reduce on the device equal the host's bit for bit", "
   }
 }
 
+TEST_CASE("a block moves in place into a larger one around it on the device as on the host",
+          "[cuda][kernels]") {
+  // cuda::fill_around_in_place (a launch per detail::expand_moves move, then the identity)
+  // against HostOps's, every dtype and op, on random boxes of 1 to 4 dims (empty ones, whole
+  // trailing dims and rows that overlap their own places among them) and on a block of a
+  // million elements.
+  std::mt19937_64 rng(13);
+  const HostOps host;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int nd = 1 + trial % 4;
+    Shape outer, inner, at;
+    for (int d = 0; d < nd; ++d) {
+      outer.push_back(static_cast<std::int64_t>(rng() % (nd == 1 ? 41 : 10)));
+      inner.push_back(static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(outer[d] + 1)));
+      if (trial % 3 == 0 && d > 0) inner[d] = outer[d];
+      at.push_back(
+          static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(outer[d] - inner[d] + 1)));
+    }
+    if (trial == 0) outer = {2048, 1024}, inner = {2048, 341}, at = {0, 683};
+    const DType dtype = all_dtypes[static_cast<std::size_t>(trial) % std::size(all_dtypes)];
+    const ReduceOp op = trial % 2 == 0 ? ReduceOp::sum : ReduceOp::max;
+    std::size_t count = 1;
+    for (std::int64_t e : outer) count *= static_cast<std::size_t>(e);
+    std::vector<std::byte> want = random_bytes(count * size_of(dtype), rng);
+    DeviceBuffer d(want.size());
+    d.upload(want);
+    INFO(fmt::format("{} {}: inner {} at {} in {}", dtype, op, inner, at, outer));
+    host.fill_around_in_place(dtype, want.data(), inner, outer, at, op);
+    gpu::fill_around_in_place(dtype, d.p, inner, outer, at, op);
+    CHECK(d.download() == want);
+  }
+}
+
 namespace {
 
 struct Tally {

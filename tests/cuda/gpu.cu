@@ -8,6 +8,10 @@
 
 namespace dtensor::testing::gpu {
 
+// Device links fill in place (cuda::DeviceOps::fill_around_in_place): a fill whose block lies
+// in its target runs there, as on the host.
+static_assert(detail::abilities_of<detail::Link<DeviceSimulatedBackend>>.fills_in_place);
+
 namespace {
 const cuda::DeviceOps ops(nullptr);
 void done() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
@@ -39,6 +43,11 @@ void copy_runs(std::span<const RunCopy> copies) {
 }
 void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op) {
   ops.fill_identity(dtype, data, count, op);
+  done();
+}
+void fill_around_in_place(DType dtype, void* data, const Shape& inner, const Shape& outer,
+                          const Shape& at, ReduceOp op) {
+  ops.fill_around_in_place(dtype, data, inner, outer, at, op);
   done();
 }
 void divide(DType dtype, void* data, std::size_t count, int g) {

@@ -28,6 +28,8 @@ void unpack_pieces(const void* packed, void* block, const Shape& shape, int dim,
                    std::size_t elem);
 void copy_runs(std::span<const RunCopy> copies);
 void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op);
+void fill_around_in_place(DType dtype, void* data, const Shape& inner, const Shape& outer,
+                          const Shape& at, ReduceOp op);
 void divide(DType dtype, void* data, std::size_t count, int g);
 void multiply(DType dtype, void* data, std::size_t count, int g);
 void reduce(DType dtype, void* out, std::span<const void* const> parts, std::size_t count,

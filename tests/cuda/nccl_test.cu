@@ -17,6 +17,9 @@
 
 using namespace dtensor;
 
+// NCCL's local ops fill in place (cuda::DeviceOps::fill_around_in_place).
+static_assert(detail::abilities_of<detail::Link<NcclBackend>>.fills_in_place);
+
 namespace {
 
 struct Stream {

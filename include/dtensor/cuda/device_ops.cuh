@@ -91,6 +91,12 @@ class DeviceOps {
   void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp op) const {
     cuda::fill_identity(dtype, data, count, op, stream_);
   }
+  // The block moved in place into a larger one around it, the rest op's identity (a fill whose
+  // block lies in its target: no second buffer).
+  void fill_around_in_place(DType dtype, void* data, const Shape& inner, const Shape& outer,
+                            const Shape& at, ReduceOp op) const {
+    cuda::fill_around_in_place(dtype, data, inner, outer, at, op, stream_);
+  }
   void divide(DType dtype, void* data, std::size_t count, int g) const {
     cuda::divide(dtype, data, count, g, stream_);
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "../config.hpp"
 #include "../detail/elementwise.hpp"
@@ -101,6 +102,30 @@ __global__ void fill_kernel(T* data, std::size_t count, T value) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += step)
     data[i] = value;
+}
+
+// Move m of a block moved in place (dtensor::detail::expand_moves): elements [m.from, m.to) of
+// rows [m.first, m.last), each to its place. No element written here is read here or later, so
+// every thread copies without order.
+template <class V>
+__global__ void expand_move_kernel(V* data, dtensor::detail::ExpandGeometry g,
+                                   dtensor::detail::ExpandMove m) {
+  const std::int64_t width = m.to - m.from, total = (m.last - m.first) * width;
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t u = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < total;
+       u += step) {
+    const std::int64_t s = m.first + u / width, j = m.from + u % width;
+    data[g.to(s) + j] = data[s * g.run + j];
+  }
+}
+
+// Every element of the outer block that the moved block does not hold set to `value`.
+template <class T>
+__global__ void fill_around_kernel(T* data, dtensor::detail::ExpandGeometry g, T value) {
+  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < g.outer_count; i += step)
+    if (!g.holds(i)) data[i] = value;
 }
 
 template <class T>
@@ -479,6 +504,39 @@ inline void fill_identity(DType dtype, void* data, std::size_t count, ReduceOp o
         static_cast<T*>(data), count, dtensor::detail::identity<T>(op));
   });
   check(cudaGetLastError(), "fill_identity kernel launch");
+}
+
+// The block of shape `inner` at the start of `data` moved in place to `at` inside the block of
+// shape `outer` that `data` then holds, every other element set to op's identity (LocalOps's
+// fill_around_in_place): a launch per move of dtensor::detail::expand_moves (about log_g of the
+// rows, where the block is one of g pieces of outer), then one for the identity.
+inline void fill_around_in_place(DType dtype, void* data, const Shape& inner, const Shape& outer,
+                                 const Shape& at, ReduceOp op, cudaStream_t stream) {
+  const dtensor::detail::ExpandGeometry g = dtensor::detail::expand_geometry(inner, outer, at);
+  if (g.outer_count == 0 || g.inner_count == g.outer_count) return;
+  if (g.inner_count == 0) {
+    fill_identity(dtype, data, static_cast<std::size_t>(g.outer_count), op, stream);
+    return;
+  }
+  constexpr unsigned threads = 256;
+  dtensor::detail::visit_dtype(dtype, [&]<class T>() {
+    // Moved as unsigned integers of the element's size: bits, not values.
+    using V = std::conditional_t<
+        sizeof(T) == 1, std::uint8_t,
+        std::conditional_t<sizeof(T) == 2, std::uint16_t,
+                           std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>>;
+    static_assert(sizeof(V) == sizeof(T));
+    dtensor::detail::expand_moves(g, [&](const dtensor::detail::ExpandMove& m) {
+      const auto n = static_cast<std::uint64_t>((m.last - m.first) * (m.to - m.from));
+      detail::expand_move_kernel<V>
+          <<<detail::grid_for(n, threads), threads, 0, stream>>>(static_cast<V*>(data), g, m);
+      check(cudaGetLastError(), "fill_around_in_place move kernel launch");
+    });
+    detail::fill_around_kernel<T>
+        <<<detail::grid_for(static_cast<std::uint64_t>(g.outer_count), threads), threads, 0,
+           stream>>>(static_cast<T*>(data), g, dtensor::detail::identity<T>(op));
+  });
+  check(cudaGetLastError(), "fill_around_in_place kernel launch");
 }
 
 // Divides `count` elements by g (f16 and bf16 in float).
