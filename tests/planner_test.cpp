@@ -1660,7 +1660,9 @@ TEST_CASE("the kinds of block pair are those the ranks hold, and a collective's 
           "[planner][bound]") {
   // detail::for_each_block_shape gives one pair of boxes per kind of (before, after) block pair
   // the ranks hold, told apart by extents and overlaps; order_step_cost takes a collective's
-  // busiest rank among them on more than 8 ranks. Both against visiting every rank.
+  // busiest rank among them on more than 8 ranks. Both against visiting every rank. With a
+  // memo (detail::OrderCostMemo) kept over every pair of a mesh and shape, each step's cost is
+  // the one computed afresh.
   const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum)};
   const DeviceMesh meshes[] = {DeviceMesh({16}), DeviceMesh({4, 4}), DeviceMesh({3, 4}),
                                DeviceMesh({2, 3, 2})};
@@ -1675,10 +1677,11 @@ TEST_CASE("the kinds of block pair are those the ranks hold, and a collective's 
     }
     return out;
   };
-  int pairs = 0, steps = 0;
+  int pairs = 0, steps = 0, remembered = 0;
   for (const DeviceMesh& m : meshes)
     for (const Shape& shape : shapes)
-      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced})
+      for (const ChunkPolicy policy : {ChunkPolicy::torch_chunk, ChunkPolicy::balanced}) {
+        detail::OrderCostMemo memos[2];  // NOLINT(cppcoreguidelines-pro-type-member-init): memos
         testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
           const Layout base(m, a, shape, DType::f32, policy);
           std::vector<std::vector<std::int64_t>> held, given;
@@ -1752,11 +1755,18 @@ TEST_CASE("the kinds of block pair are those the ranks hold, and a collective's 
                                      : rc.us;
                 most = std::max(most, v);
               }
-              REQUIRE(detail::order_step_cost(base, a, after, k, o) == Approx(most).epsilon(1e-12));
+              const double fresh = detail::order_step_cost(base, a, after, k, o);
+              REQUIRE(fresh == Approx(most).epsilon(1e-12));
+              detail::OrderCostMemo& memo = memos[objective == Objective::time ? 0 : 1];
+              REQUIRE(detail::order_step_cost(base, a, after, k, o, &memo) == fresh);
+              REQUIRE(detail::order_step_cost(base, a, after, k, o, &memo) == fresh);
               ++steps;
             }
           }
         });
+        remembered += memos[0].size + memos[1].size;
+      }
+  CHECK(remembered > 100);
   CHECK(pairs * testing::exhaustive_stride() > 5000);
   CHECK(steps > (testing::exhaustive_stride() == 1 ? 4000 : 100));  // fewer when thinned
 }
