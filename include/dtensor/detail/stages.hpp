@@ -89,6 +89,48 @@ constexpr std::int64_t even_pieces(const Layout& base, const Placements& ps) noe
   return all;
 }
 
+// The fewest elements of tensor dim d that any rank's range holds under `ps` (its shards cut d
+// in mesh order, each into chunks of the range before), or 0 where that is not known: the
+// smallest leaf of that nesting, over the distinct sizes of each level (chunks never grow with
+// their index: a run of one size ends where a binary search finds the next smaller).
+constexpr std::int64_t fewest_along(const Layout& base, const Placements& ps, int d) {
+  constexpr int most = 16;  // distinct sizes kept per level
+  std::int64_t level[most] = {base.global_shape()[static_cast<std::size_t>(d)]};
+  int count = 1;
+  const DeviceMesh& mesh = base.mesh();
+  const ChunkPolicy policy = base.policy();
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    if (!ps[k].is_shard(d)) continue;
+    const int g = mesh.size(k);
+    std::int64_t next[most] = {};
+    int found = 0;
+    for (int i = 0; i < count; ++i)
+      for (int j = 0; j < g;) {
+        const std::int64_t size = chunk_range(level[i], g, j, policy).size;
+        bool seen = false;
+        for (int u = 0; u < found && !seen; ++u) seen = next[u] == size;
+        if (!seen) {
+          if (found == most) return 0;
+          next[found++] = size;
+        }
+        int a = j + 1, b = g;  // the first chunk after j that is smaller
+        while (a < b) {
+          const int m = a + (b - a) / 2;
+          if (chunk_range(level[i], g, m, policy).size < size)
+            b = m;
+          else
+            a = m + 1;
+        }
+        j = a;
+      }
+    count = found;
+    for (int u = 0; u < count; ++u) level[u] = next[u];
+  }
+  std::int64_t fewest = level[0];
+  for (int u = 1; u < count; ++u) fewest = level[u] < fewest ? level[u] : fewest;
+  return fewest;
+}
+
 // Whether, on every rank, every block between the stages of `plan` holds no more elements than
 // the larger of that rank's source and target blocks (Memory::bounded).
 constexpr bool blocks_within_ends(const Plan& plan) {
@@ -115,6 +157,20 @@ constexpr bool blocks_within_ends(const Plan& plan) {
     }
     if (all_even) return true;
   }
+  // Where the largest block between stages (the origin's: along every dim its range is the first
+  // chunk of the first, the largest) holds no more than the fewest elements any rank holds at one
+  // end (a product of the fewest along each dim), every rank is within, unvisited.
+  std::int64_t fewest_from = 1, fewest_to = 1;
+  for (int d = 0; d < base.tensor_ndim(); ++d) {
+    fewest_from *= fewest_along(base, base.placements(), d);
+    fewest_to *= fewest_along(base, plan.dst().placements(), d);
+  }
+  const std::int64_t floor = fewest_from > fewest_to ? fewest_from : fewest_to;
+  const MeshCoord origin(static_cast<std::size_t>(mesh.ndim()), 0);
+  bool within = true;
+  for (std::size_t i = 0; i + 1 < n && within; ++i)
+    within = base.local_box(plan[stages[i].last].after, origin).numel() <= floor;
+  if (within) return true;
   for (int r = 0; r < mesh.size(); ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
     const std::int64_t from = base.local_box(c).numel(), to = plan.dst().local_box(c).numel();
