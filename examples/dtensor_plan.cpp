@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -40,6 +41,11 @@ sharding picture of both layouts. Without --to, explains the one layout.
                          the larger of its source and target blocks, where a plan allows; auto
                          padding then pads nothing), any, or auto (default: bounded where a
                          rank's larger block reaches 1 MiB, any below)
+  --backend nccl         plan for this backend: nccl (packs strided pieces) or mpi (and the
+                         simulator: moves them where they lie); under --memory bounded, where the
+                         plan's scratch there passes the larger of some rank's blocks, the fastest
+                         plan of either objective, bounded or any, that stays within
+                         (plan_redistribute_for)
   --no-exchange          only per-mesh-dim collectives
   --no-all-to-all        no all-to-all: shard dim changes go through Replicate
   --exact-values         between layouts without Partial, steps that only move values (no
@@ -88,6 +94,7 @@ struct Options {
   bool schedule_given = false;
   PlanOptions plan;
   int ranks_per_node = 8;
+  std::optional<detail::LinkAbilities> backend;  // --backend: its abilities
 };
 
 // The value of an option whose value is one of `choices` (spelling, value), or a usage error
@@ -177,6 +184,11 @@ Options parse_args(int argc, char** argv) {
         o.plan.memory = parse_choice<Memory>(
             arg, value,
             {{"auto", Memory::automatic}, {"any", Memory::any}, {"bounded", Memory::bounded}});
+      else if (arg == "--backend")
+        o.backend = parse_choice<detail::LinkAbilities>(
+            arg, value,
+            {{"nccl", detail::packing_abilities},
+             {"mpi", detail::abilities_of<detail::Link<SimulatedBackend>>}});
       else if (arg == "--padding")
         o.plan.padding = parse_choice<Padding>(
             arg, value,
@@ -214,6 +226,8 @@ Options parse_args(int argc, char** argv) {
   if (o.backward && o.adjoint) throw usage_error{"choose one of --backward and --adjoint"};
   if (!o.grad.empty() && !o.backward) throw usage_error{"--grad goes with --backward"};
   if (!o.dump.empty() && !o.execute) throw usage_error{"--dump goes with --execute"};
+  if (o.backend && (o.backward || o.adjoint || o.relabel || !o.tensors.empty()))
+    throw usage_error{"--backend goes without --backward, --adjoint, --relabel and --tensor"};
   if (o.execute && o.to.empty()) throw usage_error{"--execute needs --to"};
   if (o.relabel && o.to.empty()) throw usage_error{"--relabel needs --to"};
   if (o.relabel && (o.backward || o.adjoint || o.execute))
@@ -475,7 +489,8 @@ int run(Options o) {
   const Layout dst(mesh, parse_placements(o.to), shape, dtype, policy);
   o.plan = o.plan.with_cost_model(CostModel::defaults(mesh, o.ranks_per_node));
   std::string_view kind = "forward";
-  Plan plan = plan_redistribute(src, dst, o.plan);
+  Plan plan = o.backend ? detail::plan_within_ends(src, dst, o.plan, *o.backend)
+                        : plan_redistribute(src, dst, o.plan);
   if (o.backward) {
     kind = "backward";
     const Placements grad = o.grad.empty() ? dst.placements() : parse_placements(o.grad);

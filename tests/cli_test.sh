@@ -57,6 +57,16 @@ expect_in "sum in rounds" "280 B on MPI and the simulator (within the larger"
 check "max in rounds" 0 "$tool" --mesh 2x4 --shape 7x10 --from 'P(sum),P(max)' \
   --to 'R,S(1)' --memory bounded
 expect_in "max in rounds" "280 B on MPI and the simulator (within the larger"
+# Planned for a backend that packs (plan_redistribute_for): the all-to-all and chunk would
+# stage a piece beside the 4x16 block at the bound there; one exchange holds nothing.
+check "for nccl" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'S(1),R' --to 'S(0),S(0)' \
+  --memory bounded --backend nccl --json
+expect_in "for nccl" '"steps":[{"op":"exchange"'
+expect_in "for nccl" '"scratch_within_ends_packing":true'
+check "for mpi" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'S(1),R' --to 'S(0),S(0)' \
+  --memory bounded --backend mpi --json
+expect_in "for mpi" '"steps":[{"op":"all_to_all"'
+expect_in "for mpi" '"scratch_within_ends":true'
 check "in place" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'R,R'
 expect_in "in place" "runs in place (one buffer for source and target)"
 check "in place json" 0 "$tool" --mesh 2x4 --shape 8x16 --from 'R,P(sum)' --to 'R,R' --json
@@ -131,7 +141,9 @@ for bad in "--mesh 2x0 --shape 4 --from R" "--mesh 2x4 --shape 4 --from S(0)" \
            "--mesh 2x4 --shape 4x4 --from R,R --to R,R --relabel --relabel-method best" \
            "--mesh 2x4 --tensor 4x4:f32:R,R" "--mesh 2x4 --tensor 4x4:f32:R,R:R,R --shape 4x4" \
            "--mesh 2x4 --tensor 4x4:f32:R:R" "--mesh 2x4 --shape 4x4 --from R,R --schedule fused" \
-           "--mesh 2x4 --tensor 4x4:f32:R,R:R,R --schedule fastest"; do
+           "--mesh 2x4 --tensor 4x4:f32:R,R:R,R --schedule fastest" \
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --backend gloo" \
+           "--mesh 2x4 --shape 4x4 --from R,R --to R,R --backend nccl --adjoint"; do
   # shellcheck disable=SC2086
   check "bad input: $bad" 2 "$tool" $bad
   lines=$(wc -l </tmp/dtensor_cli_err.$$)

@@ -1307,6 +1307,107 @@ TEST_CASE("a chunk that keeps a slab of its block is read where it lies", "[exec
   }
 }
 
+TEST_CASE("plan_redistribute_for keeps a bounded plan within the ends on a backend that packs",
+          "[execute][memory]") {
+  // Under Memory::bounded the planner bounds the blocks between steps, not staging: on 2x4,
+  // (S(1), R) -> (S(0), S(0)) all-to-alls the columns into 4x16 rows (256 B, the larger end) and
+  // chunks them, and a backend that packs stages the piece received beside that block (384 B).
+  // For it, plan_redistribute_for takes the bytes objective's plan, one exchange of what each
+  // rank lacks; on the strided backends the time objective's plan stays within and is kept.
+  // Every matrix pair of 2x2 and 2x4 at 8x16 and 7x10 (f32) stays within on both kinds; 22 change
+  // on the backend that packs.
+  const DeviceMesh mesh({2, 4});
+  const Layout src(mesh, parse_placements("S(1),R"), {8, 16});
+  const Layout dst(mesh, parse_placements("S(0),S(0)"), {8, 16});
+  const PlanOptions bounded{.memory = Memory::bounded};
+  const Plan fastest = plan_redistribute(src, dst, bounded);
+  REQUIRE(fastest.size() == 2);
+  CHECK(fastest[0].kind == StepKind::all_to_all);
+  CHECK(scratch_within_ends<SimulatedBackend>(fastest));
+  CHECK_FALSE(scratch_within_ends<PackingBackend>(fastest));
+  CHECK(workspace_bytes<PackingBackend>(fastest) == 384);
+  CHECK(plan_redistribute_for<SimulatedBackend>(src, dst, bounded) == fastest);
+  const Plan packed = plan_redistribute_for<PackingBackend>(src, dst, bounded);
+  INFO(explain(packed));
+  REQUIRE(packed.size() == 1);
+  CHECK(packed[0].kind == StepKind::exchange);
+  CHECK(packed.options().objective == Objective::bytes);
+  CHECK(packed.memory_bounded());
+  CHECK(scratch_within_ends<PackingBackend>(packed));
+  const Verification v = verified_on(packed);
+  CHECK(v.verified);
+  CHECK(v.difference == "");
+  const SimulatedRun run = run_simulated<float>(packed, true);
+  for (int r = 0; r < mesh.size(); ++r) {
+    const int rank = mesh.rank_at(r);
+    CHECK(run.scratch_peak[static_cast<std::size_t>(r)] ==
+          workspace_bytes<PackingBackend>(packed, rank));
+    CHECK(run.scratch_peak[static_cast<std::size_t>(r)] <=
+          std::max(src.local_bytes(rank), dst.local_bytes(rank)));
+  }
+  // Other options: plan_redistribute's plan.
+  CHECK(plan_redistribute_for<PackingBackend>(src, dst) == plan_redistribute(src, dst));
+  SimulatedWorld& world = world_of(mesh);
+  world.run([&](SimulatedBackend& b) {
+    if (b.rank() == 0) CHECK(plan_redistribute_for(src, dst, b, bounded) == fastest);
+  });
+
+  const Placement each[] = {Placement::replicate(), Placement::shard(0), Placement::shard(1),
+                            Placement::partial(ReduceOp::sum), Placement::partial(ReduceOp::max)};
+  int changed = 0, pairs = 0;
+  for (const char* m : {"2x2", "2x4"})
+    for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+      for (int i = 0; i < 25; ++i)
+        for (int j = 0; j < 25; ++j) {
+          const DeviceMesh grid = parse_mesh(m);
+          const Layout a(grid, {each[i % 5], each[i / 5]}, shape);
+          const Layout b(grid, {each[j % 5], each[j / 5]}, shape);
+          const Plan p = plan_redistribute_for<PackingBackend>(a, b, bounded);
+          INFO(explain(p));
+          CHECK(scratch_within_ends<PackingBackend>(p));
+          CHECK(scratch_within_ends<SimulatedBackend>(
+              plan_redistribute_for<SimulatedBackend>(a, b, bounded)));
+          changed += p == plan_redistribute(a, b, bounded) ? 0 : 1;
+          ++pairs;
+        }
+  CHECK(pairs == 2'500);
+  CHECK(changed == 22);  // docs/execution.md's memory table: the bounded packing row
+
+  // On 2x2x2 the bounded plan often holds two blocks at the bound around a step (each within
+  // it): (P(max), P(sum), S(0)) -> (P(max), S(0), S(0)) all-gathers mesh dim 2 into 8x8 and
+  // reduce-scatters that into 4x8, 384 B where the larger end is 256; the chain of Memory::any
+  // (a fill, then two reduce-scatters) holds 256. Every pair at 8x16 and 7x10: how many stay
+  // over on each kind of backend, planned for it or not; those planned for the backend that
+  // changed, run on both kinds, hold what was planned and reach the target.
+  const DeviceMesh cube({2, 2, 2});
+  int over[2][2] = {}, ran = 0;  // [packing][planned for it]
+  for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+    for (int i = 0; i < 125; ++i)
+      for (int j = 0; j < 125; ++j) {
+        const Layout a(cube, {each[i % 5], each[i / 5 % 5], each[i / 25]}, shape);
+        const Layout b(cube, {each[j % 5], each[j / 5 % 5], each[j / 25]}, shape);
+        const Plan plain = plan_redistribute(a, b, bounded);
+        const Plan packed = plan_redistribute_for<PackingBackend>(a, b, bounded);
+        const Plan strided = plan_redistribute_for<SimulatedBackend>(a, b, bounded);
+        over[1][0] += scratch_within_ends<PackingBackend>(plain) ? 0 : 1;
+        over[0][0] += scratch_within_ends<SimulatedBackend>(plain) ? 0 : 1;
+        over[1][1] += scratch_within_ends<PackingBackend>(packed) ? 0 : 1;
+        over[0][1] += scratch_within_ends<SimulatedBackend>(strided) ? 0 : 1;
+        if (packed == plain || shape[0] != 8 || (i + j) % 4 != 0) continue;
+        INFO(explain(packed));
+        CHECK(packed.memory_bounded());
+        const auto runs = run_strided_and_packed(packed);
+        check_within_ends(runs.second, a, b);
+        CHECK(verified_on(packed).verified);
+        ++ran;
+      }
+  CHECK(over[0][0] == 674);    // of 31,250 (strided, plan_redistribute)
+  CHECK(over[1][0] == 1'403);  // (packing)
+  CHECK(over[0][1] == 103);    // planned for the backend: 91 of them uneven
+  CHECK(over[1][1] == 183);
+  CHECK(ran == 170);
+}
+
 TEST_CASE("under Memory::bounded, a collective that stages past the larger end runs in bands",
           "[execute][memory]") {
   // (S(1), S(1)) -> (R, R) on 2x2 all-gathers twice. On a backend that packs, the second

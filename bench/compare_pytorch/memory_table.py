@@ -9,8 +9,9 @@ target blocks: docs/execution.md's memory table (issue 5), from `dtensor-plan --
                                                   [--list ROW] [--scale EVEN UNEVEN]
 
 Standard library only. `--list ROW` also prints the cases over the bound in that row
-(`time`, `time,any`, `bytes`, `bytes,any`, `time,bounded`, `bytes,bounded`; packing and
-strided). `--scale 4096x8192 4093x8190` runs the matrix's cases at those shapes instead of 8x16
+(`time`, `time,any`, `bytes`, `bytes,any`, `time,bounded`, `bytes,bounded`, and `time,bounded,for
+nccl` and `time,bounded,for mpi`, planned for that backend with `--backend`,
+`plan_redistribute_for`; packing and strided). `--scale 4096x8192 4093x8190` runs the matrix's cases at those shapes instead of 8x16
 and 7x10 (the other cases are left out): the comparison's tensors are far below the 1 MiB blocks
 from which the default seeks the bound."""
 
@@ -31,7 +32,9 @@ from cases import Case, matrix_cases, mixed_cases, timing_cases  # noqa: E402
 ROWS = {"time": [], "time,any": ["--memory", "any"],
         "bytes": ["--objective", "bytes"], "bytes,any": ["--objective", "bytes", "--memory", "any"],
         "time,bounded": ["--memory", "bounded"],
-        "bytes,bounded": ["--objective", "bytes", "--memory", "bounded"]}
+        "bytes,bounded": ["--objective", "bytes", "--memory", "bounded"],
+        "time,bounded,for nccl": ["--memory", "bounded", "--backend", "nccl"],
+        "time,bounded,for mpi": ["--memory", "bounded", "--backend", "mpi"]}
 BACKENDS = {"packing": "scratch_within_ends_packing", "strided": "scratch_within_ends"}
 
 

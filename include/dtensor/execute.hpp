@@ -48,6 +48,51 @@ inline std::int64_t workspace_bytes(const Plan& plan, std::uint32_t point_to_poi
   return most;
 }
 
+// Whether run_plan over a link with abilities `a` holds on every rank at most the larger of that
+// rank's source and target blocks (issue 5's bound).
+inline bool scratch_within_ends(const Plan& plan, LinkAbilities a) {
+  const DeviceMesh& mesh = plan.src().mesh();
+  for (int r = 0; r < mesh.size(); ++r) {
+    const int rank = mesh.rank_at(r);
+    const std::int64_t ends = std::max(plan.src().local_bytes(rank), plan.dst().local_bytes(rank));
+    if (rank_workspace_bytes(plan, mesh.coordinate_at(r), 0, a) > ends) return false;
+  }
+  return true;
+}
+
+// plan_redistribute for a link with abilities `a` (plan_redistribute_for): the plan asked for
+// where it holds the bound on the link; else, of the plans of both objectives under
+// Memory::bounded and Memory::any (one of those where it holds the bound as Memory::automatic
+// takes it, plan_builder::holds_bound, then run as bounded), the best by the objective asked for
+// (time: the least estimated time, then the fewest bytes; bytes: the other way round) of those
+// that hold it on the link; else the plan asked for.
+inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOptions& options,
+                             LinkAbilities a) {
+  Plan plan = plan_redistribute(src, dst, options);
+  if (options.memory != Memory::bounded || scratch_within_ends(plan, a)) return plan;
+  const bool by_time = options.objective == Objective::time;
+  auto before = [&](const Plan& x, const Plan& y) {
+    if (by_time && x.est_us() != y.est_us()) return x.est_us() < y.est_us();
+    if (x.bytes_recv_max() != y.bytes_recv_max()) return x.bytes_recv_max() < y.bytes_recv_max();
+    return x.est_us() < y.est_us();
+  };
+  std::optional<Plan> best;
+  for (const Objective objective : {Objective::time, Objective::bytes})
+    for (const Memory memory : {Memory::bounded, Memory::any}) {
+      if (objective == options.objective && memory == Memory::bounded) continue;  // `plan`
+      PlanOptions o = options;
+      o.objective = objective;
+      o.memory = memory;
+      Plan p = plan_redistribute(src, dst, o);
+      if (memory == Memory::any) {
+        if (!plan_builder::holds_bound(p)) continue;
+        plan_builder::set_memory(p, Memory::bounded, true);
+      }
+      if (scratch_within_ends(p, a) && (!best || before(p, *best))) best = p;
+    }
+  return best ? *best : plan;
+}
+
 }  // namespace detail
 
 // Bytes of scratch memory execute() holds at most on any rank for this plan, on a backend that
@@ -93,6 +138,32 @@ template <Backend B>
 std::int64_t workspace_bytes(const Plan& plan, const B& backend, int rank) {
   return detail::rank_workspace_bytes(plan, plan.src().mesh().coordinate(rank), 0,
                                       detail::backend_abilities(backend));
+}
+
+// Whether execute() on backend B holds, on every rank, at most the larger of that rank's source
+// and target blocks (workspace_bytes<B>(plan, rank) against both).
+template <Backend B>
+bool scratch_within_ends(const Plan& plan) {
+  return detail::scratch_within_ends(plan, detail::abilities_of<detail::Link<B>>);
+}
+
+// plan_redistribute(src, dst, options) for running on backend B. Under Memory::bounded the
+// planner bounds each block between steps, not the two a step holds at once nor its staging
+// (which a backend that packs strided pieces, NCCL, needs more of): where its plan holds more
+// than the larger of some rank's source and target blocks on B (scratch_within_ends), the
+// fastest (under Objective::bytes: the fewest bytes) of the plans of either objective, bounded or
+// any, that stays within on every rank (an any plan run as bounded; its options say the
+// objective). Where none does, and under other options, plan_redistribute's plan.
+template <Backend B>
+Plan plan_redistribute_for(const Layout& src, const Layout& dst, const PlanOptions& options = {}) {
+  return detail::plan_within_ends(src, dst, options, detail::abilities_of<detail::Link<B>>);
+}
+
+// The same for this backend, with its options rather than its type's defaults.
+template <Backend B>
+Plan plan_redistribute_for(const Layout& src, const Layout& dst, const B& backend,
+                           const PlanOptions& options = {}) {
+  return detail::plan_within_ends(src, dst, options, detail::backend_abilities(backend));
 }
 
 // What one execute() call used, for tests and tuning.
