@@ -42,10 +42,11 @@ sharding picture of both layouts. Without --to, explains the one layout.
                          padding then pads nothing), any, or auto (default: bounded where a
                          rank's larger block reaches 1 MiB, any below)
   --backend nccl         plan for this backend: nccl (packs strided pieces) or mpi (and the
-                         simulator: moves them where they lie); under --memory bounded, where the
-                         plan's scratch there passes the larger of some rank's blocks, the fastest
-                         plan of either objective, bounded or any, that stays within
-                         (plan_redistribute_for)
+                         simulator: moves them where they lie); where the plan seeks the memory
+                         bound (--memory bounded, or auto from 1 MiB) and its scratch there passes
+                         the larger of some rank's blocks, the fastest plan of either objective,
+                         bounded or any, that stays within (auto: within 10% of the fastest;
+                         plan_redistribute_for)
   --no-exchange          only per-mesh-dim collectives
   --no-all-to-all        no all-to-all: shard dim changes go through Replicate
   --exact-values         between layouts without Partial, steps that only move values (no

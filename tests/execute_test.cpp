@@ -1307,7 +1307,7 @@ TEST_CASE("a chunk that keeps a slab of its block is read where it lies", "[exec
   }
 }
 
-TEST_CASE("plan_redistribute_for keeps a bounded plan within the ends on a backend that packs",
+TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for",
           "[execute][memory]") {
   // Under Memory::bounded the planner bounds the blocks between steps, not staging: on 2x4,
   // (S(1), R) -> (S(0), S(0)) all-to-alls the columns into 4x16 rows (256 B, the larger end) and
@@ -1345,7 +1345,7 @@ TEST_CASE("plan_redistribute_for keeps a bounded plan within the ends on a backe
     CHECK(run.scratch_peak[static_cast<std::size_t>(r)] <=
           std::max(src.local_bytes(rank), dst.local_bytes(rank)));
   }
-  // Other options: plan_redistribute's plan.
+  // Below the 1 MiB blocks from which Memory::automatic seeks the bound: plan_redistribute's plan.
   CHECK(plan_redistribute_for<PackingBackend>(src, dst) == plan_redistribute(src, dst));
   SimulatedWorld& world = world_of(mesh);
   world.run([&](SimulatedBackend& b) {
@@ -1401,6 +1401,20 @@ TEST_CASE("plan_redistribute_for keeps a bounded plan within the ends on a backe
         CHECK(verified_on(packed).verified);
         ++ran;
       }
+  // Memory::automatic seeks the bound from 1 MiB blocks: a plan for the backend there too, within
+  // the slack (here the same time and bytes, run as bounded).
+  const Layout large_src(cube, parse_placements("P(sum),R,S(0)"), {4096, 8192});
+  const Layout large_dst(cube, parse_placements("S(0),R,R"), {4096, 8192});
+  const Plan usual = plan_redistribute(large_src, large_dst);
+  const Plan for_nccl = plan_redistribute_for<PackingBackend>(large_src, large_dst);
+  CHECK_FALSE(scratch_within_ends<PackingBackend>(usual));
+  CHECK(scratch_within_ends<PackingBackend>(for_nccl));
+  CHECK(for_nccl.memory_bounded());
+  CHECK(for_nccl.options().memory == Memory::automatic);
+  CHECK(for_nccl.est_us() <= (1 + PlanOptions{}.memory_slack) * usual.est_us());
+  CHECK(plan_redistribute_for<PackingBackend>(large_src, large_dst,
+                                              PlanOptions{.memory = Memory::any}) ==
+        plan_redistribute(large_src, large_dst, PlanOptions{.memory = Memory::any}));
   CHECK(over[0][0] == 674);    // of 31,250 (strided, plan_redistribute)
   CHECK(over[1][0] == 1'403);  // (packing)
   CHECK(over[0][1] == 103);    // planned for the backend: 91 of them uneven

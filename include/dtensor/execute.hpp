@@ -61,33 +61,41 @@ inline bool scratch_within_ends(const Plan& plan, LinkAbilities a) {
 }
 
 // plan_redistribute for a link with abilities `a` (plan_redistribute_for): the plan asked for
-// where it holds the bound on the link; else, of the plans of both objectives under
-// Memory::bounded and Memory::any (one of those where it holds the bound as Memory::automatic
-// takes it, plan_builder::holds_bound, then run as bounded), the best by the objective asked for
-// (time: the least estimated time, then the fewest bytes; bytes: the other way round) of those
-// that hold it on the link; else the plan asked for.
+// where it seeks no bound (Memory::any, or Memory::automatic below bounded_from_bytes) or holds
+// it on the link; else, of the plans of both objectives under Memory::bounded and Memory::any
+// (one of those where it holds the bound as Memory::automatic takes it, plan_builder::holds_bound),
+// those that hold it on the link, under Memory::automatic those within its slack of the fastest
+// (under Objective::bytes: no more bytes), the best by the objective asked for (time: the least
+// estimated time, then the fewest bytes; bytes: the other way round), run as bounded; else the
+// plan asked for.
 inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOptions& options,
                              LinkAbilities a) {
   Plan plan = plan_redistribute(src, dst, options);
-  if (options.memory != Memory::bounded || scratch_within_ends(plan, a)) return plan;
+  const bool automatic = options.memory == Memory::automatic;
+  if (!(options.memory == Memory::bounded || (automatic && seeks_bound(src, dst, options))) ||
+      scratch_within_ends(plan, a))
+    return plan;
   const bool by_time = options.objective == Objective::time;
   auto before = [&](const Plan& x, const Plan& y) {
     if (by_time && x.est_us() != y.est_us()) return x.est_us() < y.est_us();
     if (x.bytes_recv_max() != y.bytes_recv_max()) return x.bytes_recv_max() < y.bytes_recv_max();
     return x.est_us() < y.est_us();
   };
-  std::optional<Plan> best;
-  for (const Objective objective : {Objective::time, Objective::bytes})
-    for (const Memory memory : {Memory::bounded, Memory::any}) {
-      if (objective == options.objective && memory == Memory::bounded) continue;  // `plan`
+  std::optional<Plan> fastest, best;  // fastest: Memory::any's of the objective asked for
+  for (const Memory memory : {Memory::any, Memory::bounded})
+    for (const Objective objective :
+         {options.objective, by_time ? Objective::bytes : Objective::time}) {
+      if (!automatic && memory == Memory::bounded && objective == options.objective) continue;
       PlanOptions o = options;
       o.objective = objective;
       o.memory = memory;
       Plan p = plan_redistribute(src, dst, o);
-      if (memory == Memory::any) {
-        if (!plan_builder::holds_bound(p)) continue;
-        plan_builder::set_memory(p, Memory::bounded, true);
-      }
+      if (memory == Memory::any && objective == options.objective) fastest = p;
+      if (memory == Memory::any && !plan_builder::holds_bound(p)) continue;
+      if (automatic && (by_time ? p.est_us() > (1 + options.memory_slack) * fastest->est_us()
+                                : p.bytes_recv_max() > fastest->bytes_recv_max()))
+        continue;
+      plan_builder::set_memory(p, options.memory, true);
       if (scratch_within_ends(p, a) && (!best || before(p, *best))) best = p;
     }
   return best ? *best : plan;
@@ -147,13 +155,14 @@ bool scratch_within_ends(const Plan& plan) {
   return detail::scratch_within_ends(plan, detail::abilities_of<detail::Link<B>>);
 }
 
-// plan_redistribute(src, dst, options) for running on backend B. Under Memory::bounded the
-// planner bounds each block between steps, not the two a step holds at once nor its staging
-// (which a backend that packs strided pieces, NCCL, needs more of): where its plan holds more
-// than the larger of some rank's source and target blocks on B (scratch_within_ends), the
-// fastest (under Objective::bytes: the fewest bytes) of the plans of either objective, bounded or
-// any, that stays within on every rank (an any plan run as bounded; its options say the
-// objective). Where none does, and under other options, plan_redistribute's plan.
+// plan_redistribute(src, dst, options) for running on backend B. Where the planner seeks the
+// memory bound (Memory::bounded; Memory::automatic from bounded_from_bytes) it bounds each block
+// between steps, not the two a step holds at once nor its staging (which a backend that packs
+// strided pieces, NCCL, needs more of): where its plan holds more than the larger of some rank's
+// source and target blocks on B (scratch_within_ends), the fastest (under Objective::bytes: the
+// fewest bytes) of the plans of either objective, bounded or any, that stays within on every
+// rank, under Memory::automatic within its slack of the fastest plan; it runs as bounded, and its
+// options say which objective. Where none does, and under Memory::any, plan_redistribute's plan.
 template <Backend B>
 Plan plan_redistribute_for(const Layout& src, const Layout& dst, const PlanOptions& options = {}) {
   return detail::plan_within_ends(src, dst, options, detail::abilities_of<detail::Link<B>>);
