@@ -2429,7 +2429,8 @@ void run_local_steps(const Ops& ops, const Plan& plan, std::size_t first, std::s
   if (cleared || (fills && kept.numel() < want.numel()))
     ops.fill_identity(dtype, out, count, identity);
   if (cleared) return;  // every division or multiplication keeps the identity, 0
-  if (!kept.empty()) copy_piece(ops, cur, have, out, want, kept, elem);
+  // In place (local_steps_in_place), what is kept lies where it goes already.
+  if (!kept.empty() && cur != out) copy_piece(ops, cur, have, out, want, kept, elem);
   for (std::size_t i = first; i <= last; ++i) {
     const Step& s = plan[i];
     const int g = base.mesh().size(s.mesh_dim);
@@ -2439,6 +2440,21 @@ void run_local_steps(const Ops& ops, const Plan& plan, std::size_t first, std::s
     if (s.kind == StepKind::scale && op == ReduceOp::sum && !scale_keeps_one(plan, op))
       ops.divide(dtype, out, count, g);
   }
+}
+
+// Whether local steps first..last (run_local_steps) may run with the block before them and the
+// block after in one buffer on the rank at `me`: no element moves, as every one either keeps its
+// value where it lies (the blocks are the same box, which every block between holds whole) or
+// takes the op's identity (none is kept).
+inline bool local_steps_in_place(const Plan& plan, std::size_t first, std::size_t last,
+                                 const MeshCoord& me) {
+  const Layout& base = plan.src();
+  const Box have = base.local_box(plan[first].before, me);
+  const Box want = base.local_box(plan[last].after, me);
+  Box kept = intersect(have, want);
+  for (std::size_t i = first; i <= last; ++i)
+    kept = intersect(kept, base.local_box(plan[i].after, me));
+  return kept.empty() || (have == want && kept == want);
 }
 
 // The context of step i of `plan` on the rank at `me`; with `messages`, run as point-to-point
@@ -2502,7 +2518,8 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
   for (std::size_t i = 0; i < n; ++i) {
     const Stage& stage = stages[i];
     StepContext c = step_context(plan, stage.last, me, (point_to_point >> stage.last & 1u) != 0);
-    const bool fused = stage.first != stage.last;  // no staging, not in place
+    // Fused local steps stage nothing; in place where no element moves (local_steps_in_place).
+    const bool fused = stage.first != stage.last;
     const bool last = i + 1 == n;
     const std::int64_t rows = fused ? 0 : band_rows(c, a, i == 0, last);  // 0: one call
     auto staging_of = [&](const StepContext& x) {
@@ -2520,7 +2537,8 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     };
     const std::size_t staging = staging_of(c);
     const std::size_t staging_writable = rounds ? staging_writable_of(c) : staging;
-    const bool in_place = !fused && rows == 0 && runs_in_place(c, a);
+    const bool in_place = fused ? local_steps_in_place(plan, stage.first, stage.last, me)
+                                : rows == 0 && runs_in_place(c, a);
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
     c.spare_bytes = target;  // the target free during the stage: its room is spare
     const std::size_t staging_spare = staging_of(c);
