@@ -1447,11 +1447,51 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
   CHECK(plan_redistribute_for<PackingBackend>(large_src, large_dst,
                                               PlanOptions{.memory = Memory::any}) ==
         plan_redistribute(large_src, large_dst, PlanOptions{.memory = Memory::any}));
-  CHECK(over[0][0] == 622);    // of 31,250 (strided, plan_redistribute)
-  CHECK(over[1][0] == 1'331);  // (packing)
-  CHECK(over[0][1] == 95);     // planned for the backend: 91 of them uneven
-  CHECK(over[1][1] == 179);
-  CHECK(ran == 170);
+  CHECK(over[0][0] == 544);    // of 31,250 (strided, plan_redistribute)
+  CHECK(over[1][0] == 1'257);  // (packing)
+  CHECK(over[0][1] == 19);     // planned for the backend: every one uneven
+  CHECK(over[1][1] == 83);
+  CHECK(ran == 168);
+}
+
+TEST_CASE("a kept Partial outside a reduction of an op it does not commute with is made again",
+          "[execute][memory][planner]") {
+  // Mixed Partials reduce outermost first: (P(max), P(sum), S(0)) holds the max of the sums'
+  // parts, so the sum on mesh dim 1 cannot be reduced while the max on mesh dim 0 is pending,
+  // though the target keeps P(max) there. The exchange candidates reduce the max too and make
+  // it again: under Memory::bounded two reduce-scatters and one exchange straight into the
+  // target's P(max), 256 B and 64 B of scratch, where the search took seven steps (576 B, 512 B
+  // of scratch, over the larger end of 256 B).
+  const DeviceMesh cube({2, 2, 2});
+  const Layout src(cube, parse_placements("P(max),P(sum),S(0)"), {8, 16});
+  const Layout dst(cube, parse_placements("P(max),S(1),S(1)"), {8, 16});
+  const Plan plan = plan_redistribute(src, dst, PlanOptions{.memory = Memory::bounded});
+  INFO(explain(plan));
+  REQUIRE(plan.size() == 3);
+  CHECK(plan[0].kind == StepKind::reduce_scatter);
+  CHECK(plan[0].mesh_dim == 0);
+  CHECK(plan[1].kind == StepKind::reduce_scatter);
+  CHECK(plan[1].mesh_dim == 1);
+  CHECK(plan[2].kind == StepKind::exchange);
+  CHECK(plan[2].after == dst.placements());
+  CHECK(plan.bytes_recv_max() == 256);
+  CHECK(blocks_within_ends(plan));
+  CHECK(workspace_bytes<SimulatedBackend>(plan) == 64);
+  CHECK(scratch_within_ends<PackingBackend>(plan));
+  const auto runs = run_strided_and_packed(plan);
+  check_within_ends(runs.first, src, dst);
+  check_within_ends(runs.second, src, dst);
+  CHECK(verified_on(plan).verified);
+  // The same under the bytes objective; the kept Partial is no longer kept as it is where the
+  // ops commute (P(sum) inside P(sum) stays through the exchange).
+  CHECK(plan_redistribute(src, dst, PlanOptions{.objective = Objective::bytes}).bytes_recv_max() ==
+        256);
+  const Layout sums(cube, parse_placements("P(sum),P(sum),S(0)"), {8, 16});
+  const Layout kept(cube, parse_placements("P(sum),S(1),S(1)"), {8, 16});
+  const Plan same_op = plan_redistribute(sums, kept, PlanOptions{.objective = Objective::bytes});
+  INFO(explain(same_op));
+  CHECK(std::ranges::none_of(same_op, [](const Step& s) { return s.mesh_dim == 0; }));
+  CHECK(verified_on(same_op).verified);
 }
 
 TEST_CASE("under Memory::bounded, a collective that stages past the larger end runs in bands",

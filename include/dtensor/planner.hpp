@@ -2427,10 +2427,31 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   const Placements& b = dst.placements();
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
   int num_reduced = 0, num_made = 0, num_chunked = 0;
+  // A Partial kept as it is stays through the exchange: each of its classes (the ranks that
+  // share a coordinate there, holding one part) exchanges its part among itself. Not where a
+  // Partial inside it is reduced or made with an op that does not commute with its own (which
+  // may not run while it is pending): it is then reduced first and made again after.
+  unsigned kept = 0;
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+    if (a[k].is_partial() && b[k] == a[k]) kept |= 1u << k;
+  for (bool changed = kept != 0; changed;) {
+    changed = false;
+    for (int k = 0; k < static_cast<int>(a.size()); ++k) {
+      if ((kept >> k & 1u) == 0) continue;
+      const ReduceOp op = a[k].reduce_op();
+      for (int j = k + 1; j < static_cast<int>(a.size()); ++j) {
+        if ((kept >> j & 1u) != 0) continue;
+        if ((a[j].is_partial() && !ops_commute(a[j].reduce_op(), op)) ||
+            (b[j].is_partial() && !ops_commute(b[j].reduce_op(), op))) {
+          kept &= ~(1u << k);
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-    // A Partial kept as it is stays through the exchange: each of its classes (the ranks that
-    // share a coordinate there, holding one part) exchanges its part among itself.
-    if (a[k].is_partial() && b[k] == a[k]) continue;
+    if ((kept >> k & 1u) != 0) continue;
     if (a[k].is_partial())
       reduced[num_reduced++] = k;
     else if (b[k].is_partial())
@@ -2492,7 +2513,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // the target): tried there alone.
   bool makes_target_partials = false;
   for (int k = 0; k < static_cast<int>(b.size()); ++k)
-    makes_target_partials = makes_target_partials || (b[k].is_partial() && !(a[k] == b[k]));
+    makes_target_partials = makes_target_partials || (b[k].is_partial() && (kept >> k & 1u) == 0);
   int prefixes = 1;  // the combinations of the chunked and reduced dims' choices
   for (int i = 0; i < num_reduced + num_chunked && all; ++i) prefixes *= choices;
   // A choice of S(d) where the natural placement is S(d) repeats the combination with choice 0
