@@ -1444,13 +1444,27 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
   CHECK(for_nccl.memory_bounded());
   CHECK(for_nccl.options().memory == Memory::automatic);
   CHECK(for_nccl.est_us() <= (1 + PlanOptions{}.memory_slack) * usual.est_us());
+  // Where no plan of the four is within, the bounded ones without all-to-alls: (R, S(0), R) ->
+  // (S(1), S(1), S(0)) of 7x10 chunks, all-to-alls its uneven pieces as exact messages with
+  // staging and chunks, 164 B on a rank whose larger end is 160 B; one exchange holds none.
+  const Layout rows(cube, parse_placements("R,S(0),R"), {7, 10});
+  const Layout cols(cube, parse_placements("S(1),S(1),S(0)"), {7, 10});
+  CHECK(workspace_bytes<SimulatedBackend>(plan_redistribute(rows, cols, bounded)) == 164);
+  const Plan exchanged = plan_redistribute_for<SimulatedBackend>(rows, cols, bounded);
+  INFO(explain(exchanged));
+  REQUIRE(exchanged.size() == 1);
+  CHECK(exchanged[0].kind == StepKind::exchange);
+  CHECK_FALSE(exchanged.options().allow_all_to_all);
+  CHECK(exchanged.memory_bounded());
+  CHECK(workspace_bytes<SimulatedBackend>(exchanged) == 0);
+  CHECK(verified_on(exchanged).verified);
   CHECK(plan_redistribute_for<PackingBackend>(large_src, large_dst,
                                               PlanOptions{.memory = Memory::any}) ==
         plan_redistribute(large_src, large_dst, PlanOptions{.memory = Memory::any}));
   CHECK(over[0][0] == 544);    // of 31,250 (strided, plan_redistribute)
   CHECK(over[1][0] == 1'257);  // (packing)
-  CHECK(over[0][1] == 19);     // planned for the backend: every one uneven
-  CHECK(over[1][1] == 83);
+  CHECK(over[0][1] == 4);      // planned for the backend: every one uneven
+  CHECK(over[1][1] == 64);
   CHECK(ran == 168);
 }
 

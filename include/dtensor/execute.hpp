@@ -66,8 +66,9 @@ inline bool scratch_within_ends(const Plan& plan, LinkAbilities a) {
 // (one of those where it holds the bound as Memory::automatic takes it, plan_builder::holds_bound),
 // those that hold it on the link, under Memory::automatic those within its slack of the fastest
 // (under Objective::bytes: no more bytes), the best by the objective asked for (time: the least
-// estimated time, then the fewest bytes; bytes: the other way round), run as bounded; else the
-// plan asked for.
+// estimated time, then the fewest bytes; bytes: the other way round), run as bounded; where none
+// is, the same of the bounded plans of both objectives without all-to-alls (allow_all_to_all
+// false, where it is not already); else the plan asked for.
 inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOptions& options,
                              LinkAbilities a) {
   Plan plan = plan_redistribute(src, dst, options);
@@ -82,22 +83,35 @@ inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOpt
     return x.est_us() < y.est_us();
   };
   std::optional<Plan> fastest, best;  // fastest: Memory::any's of the objective asked for
+  auto consider = [&](const PlanOptions& o) {
+    Plan p = plan_redistribute(src, dst, o);
+    if (o.memory == Memory::any && o.objective == options.objective) fastest = p;
+    if (o.memory == Memory::any && !plan_builder::holds_bound(p)) return;
+    if (automatic && (by_time ? p.est_us() > (1 + options.memory_slack) * fastest->est_us()
+                              : p.bytes_recv_max() > fastest->bytes_recv_max()))
+      return;
+    plan_builder::set_memory(p, options.memory, true);
+    if (scratch_within_ends(p, a) && (!best || before(p, *best))) best = p;
+  };
+  const Objective other = by_time ? Objective::bytes : Objective::time;
   for (const Memory memory : {Memory::any, Memory::bounded})
-    for (const Objective objective :
-         {options.objective, by_time ? Objective::bytes : Objective::time}) {
+    for (const Objective objective : {options.objective, other}) {
       if (!automatic && memory == Memory::bounded && objective == options.objective) continue;
       PlanOptions o = options;
       o.objective = objective;
       o.memory = memory;
-      Plan p = plan_redistribute(src, dst, o);
-      if (memory == Memory::any && objective == options.objective) fastest = p;
-      if (memory == Memory::any && !plan_builder::holds_bound(p)) continue;
-      if (automatic && (by_time ? p.est_us() > (1 + options.memory_slack) * fastest->est_us()
-                                : p.bytes_recv_max() > fastest->bytes_recv_max()))
-        continue;
-      plan_builder::set_memory(p, options.memory, true);
-      if (scratch_within_ends(p, a) && (!best || before(p, *best))) best = p;
+      consider(o);
     }
+  // Where none is within: the bounded plans without all-to-alls, whose uneven pieces move as
+  // exact messages with staging where an exchange may move them where they lie.
+  for (const Objective objective : {options.objective, other}) {
+    if (best || !options.allow_all_to_all) break;
+    PlanOptions o = options;
+    o.objective = objective;
+    o.memory = Memory::bounded;
+    o.allow_all_to_all = false;
+    consider(o);
+  }
   return best ? *best : plan;
 }
 
@@ -161,8 +175,9 @@ bool scratch_within_ends(const Plan& plan) {
 // strided pieces, NCCL, needs more of): where its plan holds more than the larger of some rank's
 // source and target blocks on B (scratch_within_ends), the fastest (under Objective::bytes: the
 // fewest bytes) of the plans of either objective, bounded or any, that stays within on every
-// rank, under Memory::automatic within its slack of the fastest plan; it runs as bounded, and its
-// options say which objective. Where none does, and under Memory::any, plan_redistribute's plan.
+// rank (where none does, bounded without all-to-alls), under Memory::automatic within its slack
+// of the fastest plan; it runs as bounded, and its options say which objective (and whether
+// all-to-alls). Where none does, and under Memory::any, plan_redistribute's plan.
 template <Backend B>
 Plan plan_redistribute_for(const Layout& src, const Layout& dst, const PlanOptions& options = {}) {
   return detail::plan_within_ends(src, dst, options, detail::abilities_of<detail::Link<B>>);
