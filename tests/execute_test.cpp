@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -1464,15 +1465,52 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
   CHECK(exchanged.memory_bounded());
   CHECK(workspace_bytes<SimulatedBackend>(exchanged) == 0);
   CHECK(verified_on(exchanged).verified);
+  // Where none of those is within either, one exchange straight to the target
+  // (one_exchange_plan): (P(sum), S(1), R) -> (S(1), R, S(1)) of 7x10 reduces its P(sum) on the
+  // way, 112 B of scratch where the larger end is 140 B (the bounded plan: 168 B); (S(1), R, R) ->
+  // (R, S(1), S(0)) of 8x16 gathers a 4x16 block at the larger end with a packed copy beside it
+  // (512 B on a backend that packs), where the exchange holds none; (S(1), S(1), P(sum)) -> (R,
+  // S(1), P(sum)) of 8x16 keeps the P(sum), each class exchanging among itself (384 B on a backend
+  // that packs against 256).
+  const Layout summed(cube, parse_placements("P(sum),S(1),R"), {7, 10});
+  const Layout split(cube, parse_placements("S(1),R,S(1)"), {7, 10});
+  const Layout halves(cube, parse_placements("S(1),R,R"), {8, 16});
+  const Layout quarters(cube, parse_placements("R,S(1),S(0)"), {8, 16});
+  CHECK(workspace_bytes<SimulatedBackend>(plan_redistribute(summed, split, bounded)) == 168);
+  CHECK(workspace_bytes<PackingBackend>(plan_redistribute(halves, quarters, bounded)) == 512);
+  const Layout kept_src(cube, parse_placements("S(1),S(1),P(sum)"), {8, 16});
+  const Layout kept_dst(cube, parse_placements("R,S(1),P(sum)"), {8, 16});
+  CHECK(workspace_bytes<PackingBackend>(plan_redistribute(kept_src, kept_dst, bounded)) == 384);
+  auto one_exchange = [&](const Plan& plan, const Layout& from, const Layout& to) {
+    INFO(explain(plan));
+    REQUIRE(plan.size() == 1);
+    CHECK(plan[0].kind == StepKind::exchange);
+    CHECK(plan.memory_bounded());
+    const std::optional<Plan> direct = detail::one_exchange_plan(from, to, bounded);
+    REQUIRE(direct);
+    CHECK(plan[0] == (*direct)[0]);
+    CHECK(scratch_within_ends<SimulatedBackend>(plan));
+    CHECK(scratch_within_ends<PackingBackend>(plan));
+    const auto runs = run_strided_and_packed(plan);
+    check_within_ends(runs.second, from, to);
+    CHECK(verified_on(plan).verified);
+  };
+  one_exchange(plan_redistribute_for<SimulatedBackend>(summed, split, bounded), summed, split);
+  one_exchange(plan_redistribute_for<PackingBackend>(halves, quarters, bounded), halves, quarters);
+  one_exchange(plan_redistribute_for<PackingBackend>(kept_src, kept_dst, bounded), kept_src,
+               kept_dst);
+  CHECK(workspace_bytes<SimulatedBackend>(
+            plan_redistribute_for<SimulatedBackend>(summed, split, bounded)) == 112);
+  CHECK_FALSE(detail::one_exchange_plan(summed, split, PlanOptions{.allow_exchange = false}));
   CHECK(plan_redistribute_for<PackingBackend>(large_src, large_dst,
                                               PlanOptions{.memory = Memory::any}) ==
         plan_redistribute(large_src, large_dst, PlanOptions{.memory = Memory::any}));
   if (every_pair) {
     CHECK(over[0][0] == 544);    // of 31,250 (strided, plan_redistribute)
     CHECK(over[1][0] == 1'257);  // (packing)
-    CHECK(over[0][1] == 4);      // planned for the backend: every one uneven
-    CHECK(over[1][1] == 64);
-    CHECK(ran == 168);
+    CHECK(over[0][1] == 0);      // planned for the backend
+    CHECK(over[1][1] == 32);
+    CHECK(ran == 172);
   }
 }
 

@@ -68,7 +68,8 @@ inline bool scratch_within_ends(const Plan& plan, LinkAbilities a) {
 // (under Objective::bytes: no more bytes), the best by the objective asked for (time: the least
 // estimated time, then the fewest bytes; bytes: the other way round), run as bounded; where none
 // is, the same of the bounded plans of both objectives without all-to-alls (allow_all_to_all
-// false, where it is not already); else the plan asked for.
+// false, where it is not already); then one exchange straight to the target (one_exchange_plan);
+// else the plan asked for.
 inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOptions& options,
                              LinkAbilities a) {
   Plan plan = plan_redistribute(src, dst, options);
@@ -83,15 +84,18 @@ inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOpt
     return x.est_us() < y.est_us();
   };
   std::optional<Plan> fastest, best;  // fastest: Memory::any's of the objective asked for
-  auto consider = [&](const PlanOptions& o) {
-    Plan p = plan_redistribute(src, dst, o);
-    if (o.memory == Memory::any && o.objective == options.objective) fastest = p;
-    if (o.memory == Memory::any && !plan_builder::holds_bound(p)) return;
+  auto take = [&](Plan p) {
     if (automatic && (by_time ? p.est_us() > (1 + options.memory_slack) * fastest->est_us()
                               : p.bytes_recv_max() > fastest->bytes_recv_max()))
       return;
     plan_builder::set_memory(p, options.memory, true);
     if (scratch_within_ends(p, a) && (!best || before(p, *best))) best = p;
+  };
+  auto consider = [&](const PlanOptions& o) {
+    Plan p = plan_redistribute(src, dst, o);
+    if (o.memory == Memory::any && o.objective == options.objective) fastest = p;
+    if (o.memory == Memory::any && !plan_builder::holds_bound(p)) return;
+    take(std::move(p));
   };
   const Objective other = by_time ? Objective::bytes : Objective::time;
   for (const Memory memory : {Memory::any, Memory::bounded})
@@ -111,6 +115,12 @@ inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOpt
     o.memory = Memory::bounded;
     o.allow_all_to_all = false;
     consider(o);
+  }
+  // Then one exchange straight to the target, which holds no block between steps.
+  if (!best) {
+    PlanOptions o = options;
+    o.memory = Memory::bounded;
+    if (std::optional<Plan> p = one_exchange_plan(src, dst, o)) take(std::move(*p));
   }
   return best ? *best : plan;
 }
@@ -175,9 +185,10 @@ bool scratch_within_ends(const Plan& plan) {
 // strided pieces, NCCL, needs more of): where its plan holds more than the larger of some rank's
 // source and target blocks on B (scratch_within_ends), the fastest (under Objective::bytes: the
 // fewest bytes) of the plans of either objective, bounded or any, that stays within on every
-// rank (where none does, bounded without all-to-alls), under Memory::automatic within its slack
-// of the fastest plan; it runs as bounded, and its options say which objective (and whether
-// all-to-alls). Where none does, and under Memory::any, plan_redistribute's plan.
+// rank (where none does, bounded without all-to-alls, then one exchange straight to the target),
+// under Memory::automatic within its slack of the fastest plan; it runs as bounded, and its options
+// say which objective (and whether all-to-alls). Where none does, and under Memory::any,
+// plan_redistribute's plan.
 template <Backend B>
 Plan plan_redistribute_for(const Layout& src, const Layout& dst, const PlanOptions& options = {}) {
   return detail::plan_within_ends(src, dst, options, detail::abilities_of<detail::Link<B>>);

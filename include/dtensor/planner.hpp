@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <limits>
+#include <optional>
 
 #include "config.hpp"
 #include "cost_model.hpp"
@@ -2407,6 +2408,27 @@ constexpr void append_made_partials(Transitions& ts, const Placements& from, con
     if (to[k].is_partial() && !(from[k] == to[k])) ts.push_back({k, from[k], to[k]});
 }
 
+// The exchange straight from the source's Partials toward dst (reduce_exchange.hpp): `to` is
+// dst's placements with the source's where dst is Partial and the source is not, those Partials
+// made locally after it by `make` (innermost first). Whether it may run: it reduces every Partial
+// of the source, all of one op, in groups of at most max_reducing_group, on a mesh of at most
+// max_partial_exchange_ranks.
+constexpr bool reducing_exchange_to(const Layout& src, const Layout& dst, Placements& to,
+                                    Transitions& make) {
+  const Placements& a = src.placements();
+  const Placements& b = dst.placements();
+  to = b;
+  make.clear();
+  for (int k = static_cast<int>(b.size()); k-- > 0;)
+    if (b[k].is_partial() && !a[k].is_partial()) {
+      to[k] = a[k];
+      make.push_back({k, a[k], b[k]});
+    }
+  return src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
+         exchange_reduces(a, to) && transitions_valid(to, make) &&
+         group_size(src.mesh(), reduced_partials(a, to).dims) <= max_reducing_group;
+}
+
 // Plans with one exchange: first each source Partial the target does not keep is reduced on its
 // own mesh dim (all-reduce to R, or reduce-scatter to some S(d)), after the source's Replicate
 // dims are optionally chunked to some S(d) so that the reduction runs on a smaller block; then
@@ -2434,21 +2456,16 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   unsigned kept = 0;
   for (int k = 0; k < static_cast<int>(a.size()); ++k)
     if (a[k].is_partial() && b[k] == a[k]) kept |= 1u << k;
-  for (bool changed = kept != 0; changed;) {
-    changed = false;
-    for (int k = 0; k < static_cast<int>(a.size()); ++k) {
-      if ((kept >> k & 1u) == 0) continue;
-      const ReduceOp op = a[k].reduce_op();
-      for (int j = k + 1; j < static_cast<int>(a.size()); ++j) {
-        if ((kept >> j & 1u) != 0) continue;
-        if ((a[j].is_partial() && !ops_commute(a[j].reduce_op(), op)) ||
-            (b[j].is_partial() && !ops_commute(b[j].reduce_op(), op))) {
-          kept &= ~(1u << k);
-          changed = true;
-          break;
-        }
+  // Whether k stays depends only on the dims inside it, so one pass from the innermost outward.
+  for (int k = static_cast<int>(a.size()) - 2; k >= 0; --k) {
+    if ((kept >> k & 1u) == 0) continue;
+    const ReduceOp op = a[k].reduce_op();
+    for (int j = k + 1; j < static_cast<int>(a.size()); ++j)
+      if ((kept >> j & 1u) == 0 && ((a[j].is_partial() && !ops_commute(a[j].reduce_op(), op)) ||
+                                    (b[j].is_partial() && !ops_commute(b[j].reduce_op(), op)))) {
+        kept &= ~(1u << k);
+        break;
       }
-    }
   }
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
     if ((kept >> k & 1u) != 0) continue;
@@ -2598,16 +2615,9 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // Where the target is Partial on a dim where the source is not, the exchange keeps the
   // source's placement there and the Partial is made locally after it (S or R to P), innermost
   // first.
-  Placements to = b;
+  Placements to;
   Transitions make;
-  for (int k = static_cast<int>(b.size()); k-- > 0;)
-    if (b[k].is_partial() && !a[k].is_partial()) {
-      to[k] = a[k];
-      make.push_back({k, a[k], b[k]});
-    }
-  if (from_partial && src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
-      exchange_reduces(a, to) && transitions_valid(to, make) &&
-      group_size(src.mesh(), reduced_partials(a, to).dims) <= max_reducing_group) {
+  if (from_partial && reducing_exchange_to(src, dst, to, make)) {
     Transitions chunks;
     Placements chunked = a;
     for (int k = 0; k < static_cast<int>(a.size()); ++k)
@@ -2845,6 +2855,41 @@ namespace detail {
 constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
                            bool exchange_from_partial, const Plan* bar = nullptr,
                            bool* detoured = nullptr, OrderCostMemo* memo = nullptr);
+
+// The plan of one exchange from src straight to dst, where the planner may build one: reducing
+// the source's Partials on the way (reducing_exchange_to), or keeping each as it is where dst
+// does (each class exchanges its part among itself, try_exchanges); dst's other Partials are
+// made locally after it, innermost first, and inside a kept Partial only with an op that commutes
+// with its. No block is held between steps: the candidate plan_redistribute_for tries last, where
+// the search's plans (cheaper by the cost model) hold more scratch than the ends on the backend.
+// Empty where none applies, where the exchange would move nothing, or without
+// options.allow_exchange.
+constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout& dst,
+                                                PlanOptions options) {
+  check_same_tensor(src, dst);
+  if (!options.allow_exchange || src.tensor_ndim() == 0) return std::nullopt;
+  if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
+  const Placements& a = src.placements();
+  const Placements& b = dst.placements();
+  Placements to;
+  Transitions make;
+  if (!reducing_exchange_to(src, dst, to, make)) {
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      if (!a[k].is_partial()) continue;
+      if (!(b[k] == a[k])) return std::nullopt;
+      for (std::size_t j = k + 1; j < a.size(); ++j)
+        if (b[j].is_partial() && !a[j].is_partial() &&
+            !ops_commute(b[j].reduce_op(), a[k].reduce_op()))
+          return std::nullopt;
+    }
+    if (!transitions_valid(to, make)) return std::nullopt;
+  }
+  if (to == src.placements()) return std::nullopt;
+  Plan plan = plan_builder::build(src, dst, {}, &to, make, options);
+  if (plan_builder::pruned(plan)) return std::nullopt;
+  plan_builder::set_lower_bound(plan, lower_bound_bytes_recv_max(src, dst));
+  return plan;
+}
 
 // The bytes of the larger of the source and target blocks of the rank holding the largest: the
 // origin's (Layout::max_local_bytes).
