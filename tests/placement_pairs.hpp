@@ -18,11 +18,11 @@ inline int exhaustive_stride() {
 }
 
 // Calls f(x, y, source, target) for every pair of placement lists on `mesh` whose entries
-// come from `options` (x and y number the lists), or every exhaustive_stride()-th pair.
+// come from `options` (x and y number the lists), or every `stride`-th pair.
 template <class F>
-void for_each_pair(const DeviceMesh& mesh, std::span<const Placement> options, F&& f) {
+void for_each_pair(const DeviceMesh& mesh, std::span<const Placement> options, F&& f,
+                   int stride = exhaustive_stride()) {
   const int n = static_cast<int>(options.size());
-  const int stride = exhaustive_stride();
   int combos = 1;
   for (int k = 0; k < mesh.ndim(); ++k) combos *= n;
   for (int x = 0; x < combos; ++x)
