@@ -2408,6 +2408,29 @@ constexpr void append_made_partials(Transitions& ts, const Placements& from, con
     if (to[k].is_partial() && !(from[k] == to[k])) ts.push_back({k, from[k], to[k]});
 }
 
+// The mesh dims (bits) whose Partial an exchange from `a` toward `b` keeps as it is: each of its
+// classes (the ranks that share a coordinate there, holding one part) exchanges its part among
+// itself. Those `b` keeps, but not where a Partial inside (a later mesh dim) is reduced or made
+// with an op that does not commute with its own (which may not run while it is pending): that
+// one is reduced first and made again after.
+constexpr unsigned kept_partials(const Placements& a, const Placements& b) {
+  unsigned kept = 0;
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+    if (a[k].is_partial() && b[k] == a[k]) kept |= 1u << k;
+  // Whether k stays depends only on the dims inside it, so one pass from the innermost outward.
+  for (int k = static_cast<int>(a.size()) - 2; k >= 0; --k) {
+    if ((kept >> k & 1u) == 0) continue;
+    const ReduceOp op = a[k].reduce_op();
+    for (int j = k + 1; j < static_cast<int>(a.size()); ++j)
+      if ((kept >> j & 1u) == 0 && ((a[j].is_partial() && !ops_commute(a[j].reduce_op(), op)) ||
+                                    (b[j].is_partial() && !ops_commute(b[j].reduce_op(), op)))) {
+        kept &= ~(1u << k);
+        break;
+      }
+  }
+  return kept;
+}
+
 // The exchange straight from the source's Partials toward dst (reduce_exchange.hpp): `to` is
 // dst's placements with the source's where dst is Partial and the source is not, those Partials
 // made locally after it by `make` (innermost first). Whether it may run: it reduces every Partial
@@ -2449,24 +2472,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   const Placements& b = dst.placements();
   int reduced[max_mesh_dims] = {}, made[max_mesh_dims] = {}, chunked[max_mesh_dims] = {};
   int num_reduced = 0, num_made = 0, num_chunked = 0;
-  // A Partial kept as it is stays through the exchange: each of its classes (the ranks that
-  // share a coordinate there, holding one part) exchanges its part among itself. Not where a
-  // Partial inside it is reduced or made with an op that does not commute with its own (which
-  // may not run while it is pending): it is then reduced first and made again after.
-  unsigned kept = 0;
-  for (int k = 0; k < static_cast<int>(a.size()); ++k)
-    if (a[k].is_partial() && b[k] == a[k]) kept |= 1u << k;
-  // Whether k stays depends only on the dims inside it, so one pass from the innermost outward.
-  for (int k = static_cast<int>(a.size()) - 2; k >= 0; --k) {
-    if ((kept >> k & 1u) == 0) continue;
-    const ReduceOp op = a[k].reduce_op();
-    for (int j = k + 1; j < static_cast<int>(a.size()); ++j)
-      if ((kept >> j & 1u) == 0 && ((a[j].is_partial() && !ops_commute(a[j].reduce_op(), op)) ||
-                                    (b[j].is_partial() && !ops_commute(b[j].reduce_op(), op)))) {
-        kept &= ~(1u << k);
-        break;
-      }
-  }
+  const unsigned kept = kept_partials(a, b);
   for (int k = 0; k < static_cast<int>(a.size()); ++k) {
     if ((kept >> k & 1u) != 0) continue;
     if (a[k].is_partial())
@@ -2857,13 +2863,11 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
                            bool* detoured = nullptr, OrderCostMemo* memo = nullptr);
 
 // The plan of one exchange from src straight to dst, where the planner may build one: reducing
-// the source's Partials on the way (reducing_exchange_to), or keeping each as it is where dst
-// does (each class exchanges its part among itself, try_exchanges); dst's other Partials are
-// made locally after it, innermost first, and inside a kept Partial only with an op that commutes
-// with its. No block is held between steps: the candidate plan_redistribute_for tries last, where
-// the search's plans (cheaper by the cost model) hold more scratch than the ends on the backend.
-// Empty where none applies, where the exchange would move nothing, or without
-// options.allow_exchange.
+// the source's Partials on the way (reducing_exchange_to), or keeping each as it is
+// (kept_partials); dst's other Partials are made locally after it, innermost first. No block is
+// held between steps: the candidate plan_redistribute_for tries last, where the search's plans
+// (cheaper by the cost model) hold more scratch than the ends on the backend. Empty where none
+// applies, where the exchange would move nothing, or without options.allow_exchange.
 constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout& dst,
                                                 PlanOptions options) {
   check_same_tensor(src, dst);
@@ -2874,15 +2878,10 @@ constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout&
   Placements to;
   Transitions make;
   if (!reducing_exchange_to(src, dst, to, make)) {
-    for (std::size_t k = 0; k < a.size(); ++k) {
-      if (!a[k].is_partial()) continue;
-      if (!(b[k] == a[k])) return std::nullopt;
-      for (std::size_t j = k + 1; j < a.size(); ++j)
-        if (b[j].is_partial() && !a[j].is_partial() &&
-            !ops_commute(b[j].reduce_op(), a[k].reduce_op()))
-          return std::nullopt;
-    }
-    if (!transitions_valid(to, make)) return std::nullopt;
+    unsigned partials = 0;
+    for (int k = 0; k < static_cast<int>(a.size()); ++k)
+      if (a[k].is_partial()) partials |= 1u << k;
+    if (kept_partials(a, b) != partials || !transitions_valid(to, make)) return std::nullopt;
   }
   if (to == src.placements()) return std::nullopt;
   Plan plan = plan_builder::build(src, dst, {}, &to, make, options);
