@@ -960,8 +960,9 @@ TEST_CASE("bounded memory cuts no group's block by elements", "[execute][planner
 TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][planner]") {
   // Each class of the kept Partial (one part each) exchanges its part among itself. On 2x2x2
   // under bounded memory the exchange replaces an all-gather to a block twice either end; on
-  // 3x3x4x3 under the bytes objective, a reduce-scatter and an exchange move 224 B where the
-  // collectives alone move 2,432 B.
+  // 3x3x4x3 under the bytes objective, one exchange that reduces the P(max) and keeps the P(sum)
+  // (each class of the P(sum) reducing and delivering among itself) moves 192 B of i64, where a
+  // reduce-scatter and an exchange moved 224 B and the collectives alone move 2,432 B.
   const DeviceMesh cube({2, 2, 2});
   const Plan bounded = plan_redistribute(Layout(cube, parse_placements("P,S(0),R"), {16, 8}),
                                          Layout(cube, parse_placements("P,R,S(0)"), {16, 8}),
@@ -978,9 +979,11 @@ TEST_CASE("a Partial the target keeps stays through an exchange", "[execute][pla
         Layout(mesh, parse_placements("R,S(1),S(1),P(sum)"), {16, 12}, dtype),
         PlanOptions{.objective = Objective::bytes});
     INFO(explain(bytes));
-    CHECK(bytes.bytes_recv_max() == 28 * static_cast<std::int64_t>(size_of(dtype)));
-    CHECK(std::any_of(bytes.begin(), bytes.end(),
-                      [](const Step& s) { return s.kind == StepKind::exchange; }));
+    CHECK(bytes.bytes_recv_max() == 24 * static_cast<std::int64_t>(size_of(dtype)));
+    REQUIRE(bytes.size() == 1);
+    CHECK(bytes[0].kind == StepKind::exchange);
+    CHECK(detail::reduced_partials(bytes[0].before, bytes[0].after).dims == 2);
+    CHECK(detail::reduced_partials(bytes[0].before, bytes[0].after).kept == 8);
     const Verification v = verified_on(bytes);
     CHECK(v.difference == "");
     CHECK(v.verified);
@@ -1471,7 +1474,9 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
   // (R, S(1), S(0)) of 8x16 gathers a 4x16 block at the larger end with a packed copy beside it
   // (512 B on a backend that packs), where the exchange holds none; (S(1), S(1), P(sum)) -> (R,
   // S(1), P(sum)) of 8x16 keeps the P(sum), each class exchanging among itself (384 B on a backend
-  // that packs against 256).
+  // that packs against 256); (P(sum), P(sum), S(1)) -> (P(sum), S(1), R) of 8x16 reduces one
+  // P(sum) and keeps the other (384 B against 256); (P(max), R, S(1)) -> (P(sum), S(1), R) of 8x16
+  // reduces the P(max) into (S(0), S(1), R) and fills the P(sum) after it (384 B against 256).
   const Layout summed(cube, parse_placements("P(sum),S(1),R"), {7, 10});
   const Layout split(cube, parse_placements("S(1),R,S(1)"), {7, 10});
   const Layout halves(cube, parse_placements("S(1),R,R"), {8, 16});
@@ -1481,14 +1486,19 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
   const Layout kept_src(cube, parse_placements("S(1),S(1),P(sum)"), {8, 16});
   const Layout kept_dst(cube, parse_placements("R,S(1),P(sum)"), {8, 16});
   CHECK(workspace_bytes<PackingBackend>(plan_redistribute(kept_src, kept_dst, bounded)) == 384);
+  const Layout sums(cube, parse_placements("P(sum),P(sum),S(1)"), {8, 16});
+  const Layout kept_sum(cube, parse_placements("P(sum),S(1),R"), {8, 16});
+  const Layout maxed(cube, parse_placements("P(max),R,S(1)"), {8, 16});
+  CHECK(workspace_bytes<PackingBackend>(plan_redistribute(sums, kept_sum, bounded)) == 384);
+  CHECK(workspace_bytes<PackingBackend>(plan_redistribute(maxed, kept_sum, bounded)) == 384);
   auto one_exchange = [&](const Plan& plan, const Layout& from, const Layout& to) {
     INFO(explain(plan));
-    REQUIRE(plan.size() == 1);
     CHECK(plan[0].kind == StepKind::exchange);
     CHECK(plan.memory_bounded());
     const std::optional<Plan> direct = detail::one_exchange_plan(from, to, bounded);
     REQUIRE(direct);
-    CHECK(plan[0] == (*direct)[0]);
+    REQUIRE(plan.size() == direct->size());
+    for (std::size_t i = 0; i < plan.size(); ++i) CHECK(plan[i] == (*direct)[i]);
     CHECK(scratch_within_ends<SimulatedBackend>(plan));
     CHECK(scratch_within_ends<PackingBackend>(plan));
     const auto runs = run_strided_and_packed(plan);
@@ -1499,6 +1509,15 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
   one_exchange(plan_redistribute_for<PackingBackend>(halves, quarters, bounded), halves, quarters);
   one_exchange(plan_redistribute_for<PackingBackend>(kept_src, kept_dst, bounded), kept_src,
                kept_dst);
+  const Plan reduced_and_kept = plan_redistribute_for<PackingBackend>(sums, kept_sum, bounded);
+  one_exchange(reduced_and_kept, sums, kept_sum);
+  CHECK(reduced_and_kept.size() == 1);
+  CHECK(detail::reduced_partials(reduced_and_kept[0].before, reduced_and_kept[0].after).kept == 1);
+  const Plan made_again = plan_redistribute_for<PackingBackend>(maxed, kept_sum, bounded);
+  one_exchange(made_again, maxed, kept_sum);
+  REQUIRE(made_again.size() == 2);
+  CHECK(made_again[0].after == parse_placements("S(0),S(1),R"));
+  CHECK(made_again[1].kind == StepKind::fill);
   CHECK(workspace_bytes<SimulatedBackend>(
             plan_redistribute_for<SimulatedBackend>(summed, split, bounded)) == 112);
   CHECK_FALSE(detail::one_exchange_plan(summed, split, PlanOptions{.allow_exchange = false}));
@@ -1509,8 +1528,8 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
     CHECK(over[0][0] == 544);    // of 31,250 (strided, plan_redistribute)
     CHECK(over[1][0] == 1'257);  // (packing)
     CHECK(over[0][1] == 0);      // planned for the backend
-    CHECK(over[1][1] == 32);
-    CHECK(ran == 172);
+    CHECK(over[1][1] == 2);
+    CHECK(ran == 186);
   }
 }
 

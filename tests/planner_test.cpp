@@ -82,7 +82,7 @@ RankBytes reference_bytes(const Layout& base, const Step& s, const MeshCoord& me
     // From a Partial: a rank receives every other member's partial of its part, then what of
     // its target block it does not own; it sends its partial of the others' parts, then its
     // part's pieces to every rank whose target holds them, among those with its coordinates on
-    // the source's Replicate dims.
+    // the source's Replicate dims and on the Partials the step keeps.
     const DeviceMesh& mesh = base.mesh();
     const unsigned dims = detail::reduced_partials(s.before, s.after).dims;
     const detail::GroupParts parts =
@@ -102,7 +102,8 @@ RankBytes reference_bytes(const Layout& base, const Step& s, const MeshCoord& me
       const MeshCoord c = mesh.coordinate(r);
       bool next_to = !(c == me);
       for (int k = 0; k < mesh.ndim(); ++k)
-        next_to = next_to && (c[k] == me[k] || !s.before[k].is_replicate());
+        next_to =
+            next_to && (c[k] == me[k] || !(s.before[k].is_replicate() || s.after[k].is_partial()));
       if (next_to) out.send += overlap(after.local_box(c));
     }
     out.send *= elem;

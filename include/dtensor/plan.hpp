@@ -27,7 +27,8 @@ enum class StepKind : std::uint8_t {
   fill,            // S(i) -> P(op) on one mesh dim: the shard in a block of op's identity
   exchange,        // any -> any without Partial (but one kept as it is), or from no Partial into
                    // Partials of one op: grouped point-to-point of the missing blocks; or from
-                   // Partials of one op into none: each group reduces parts, then delivers them
+                   // Partials of one op into none (but one kept as it is): each group reduces
+                   // parts, then delivers them
 };
 
 // The step's spelling in explanations and JSON: "all_gather", ...

@@ -2431,15 +2431,14 @@ constexpr unsigned kept_partials(const Placements& a, const Placements& b) {
   return kept;
 }
 
-// The exchange straight from the source's Partials toward dst (reduce_exchange.hpp): `to` is
-// dst's placements with the source's where dst is Partial and the source is not, those Partials
-// made locally after it by `make` (innermost first). Whether it may run: it reduces every Partial
-// of the source, all of one op, in groups of at most max_reducing_group, on a mesh of at most
-// max_partial_exchange_ranks.
-constexpr bool reducing_exchange_to(const Layout& src, const Layout& dst, Placements& to,
+// The exchange straight from the source's Partials toward placements `b` (reduce_exchange.hpp):
+// `to` is `b` with the source's placements where `b` is Partial and the source is not, those
+// Partials made locally after it by `make` (innermost first). Whether it may run: it reduces the
+// source's Partials, all of one op, but those `b` keeps as they are (reduced_partials), in groups
+// of at most max_reducing_group, on a mesh of at most max_partial_exchange_ranks.
+constexpr bool reducing_exchange_to(const Layout& src, const Placements& b, Placements& to,
                                     Transitions& make) {
   const Placements& a = src.placements();
-  const Placements& b = dst.placements();
   to = b;
   make.clear();
   for (int k = static_cast<int>(b.size()); k-- > 0;)
@@ -2623,7 +2622,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // first.
   Placements to;
   Transitions make;
-  if (from_partial && reducing_exchange_to(src, dst, to, make)) {
+  if (from_partial && reducing_exchange_to(src, b, to, make)) {
     Transitions chunks;
     Placements chunked = a;
     for (int k = 0; k < static_cast<int>(a.size()); ++k)
@@ -2863,11 +2862,14 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
                            bool* detoured = nullptr, OrderCostMemo* memo = nullptr);
 
 // The plan of one exchange from src straight to dst, where the planner may build one: reducing
-// the source's Partials on the way (reducing_exchange_to), or keeping each as it is
-// (kept_partials); dst's other Partials are made locally after it, innermost first. No block is
-// held between steps: the candidate plan_redistribute_for tries last, where the search's plans
-// (cheaper by the cost model) hold more scratch than the ends on the backend. Empty where none
-// applies, where the exchange would move nothing, or without options.allow_exchange.
+// the source's Partials on the way (reducing_exchange_to; those dst keeps stay as they are), or
+// keeping each as it is (kept_partials); dst's other Partials are made locally after it,
+// innermost first. Where dst makes a source Partial again (another op, or the same where it
+// cannot be kept), the exchange leaves Replicate or some S(d) there (each tried, the best by the
+// objective kept) and the Partial is made from it. No block is held between steps: the candidate
+// plan_redistribute_for tries last, where the search's plans (cheaper by the cost model) hold more
+// scratch than the ends on the backend. Empty where none applies, where the exchange would move
+// nothing, or without options.allow_exchange.
 constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout& dst,
                                                 PlanOptions options) {
   check_same_tensor(src, dst);
@@ -2875,19 +2877,41 @@ constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout&
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
-  Placements to;
-  Transitions make;
-  if (!reducing_exchange_to(src, dst, to, make)) {
-    unsigned partials = 0;
-    for (int k = 0; k < static_cast<int>(a.size()); ++k)
-      if (a[k].is_partial()) partials |= 1u << k;
-    if (kept_partials(a, b) != partials || !transitions_valid(to, make)) return std::nullopt;
+  // The source's Partials dst makes again: of another op, or of the same one where it cannot
+  // be kept (kept_partials).
+  const unsigned kept = kept_partials(a, b);
+  int other[max_mesh_dims] = {}, num_other = 0;
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+    if (a[k].is_partial() && b[k].is_partial() && (kept >> k & 1u) == 0) other[num_other++] = k;
+  // Every combination of Replicate and the S(d) while there are at most 64, else Replicate.
+  const int choices = src.tensor_ndim() + 1;
+  int combos = 1;
+  for (int i = 0; i < num_other && combos <= 64; ++i) combos *= choices;
+  if (combos > 64) combos = 1;
+  std::optional<Plan> best;
+  for (int combo = 0; combo < combos; ++combo) {
+    Placements toward = b;  // b, with Replicate or some S(d) where it makes a Partial again
+    for (int i = 0, rest = combo; i < num_other; ++i, rest /= choices)
+      toward[other[i]] =
+          rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+    Placements to;
+    Transitions make;
+    if (!reducing_exchange_to(src, toward, to, make)) {
+      // Else one that keeps every Partial of the source as it is.
+      unsigned partials = 0;
+      for (int k = 0; k < static_cast<int>(a.size()); ++k)
+        if (a[k].is_partial()) partials |= 1u << k;
+      if (num_other > 0 || kept != partials) continue;
+    }
+    make.clear();
+    append_made_partials(make, to, b);
+    if (to == a || !transitions_valid(to, make)) continue;
+    Plan plan = plan_builder::build(src, dst, {}, &to, make, options);
+    if (plan_builder::pruned(plan) || (best && !better(plan, *best, options.objective))) continue;
+    plan_builder::set_lower_bound(plan, lower_bound_bytes_recv_max(src, dst));
+    best = std::move(plan);
   }
-  if (to == src.placements()) return std::nullopt;
-  Plan plan = plan_builder::build(src, dst, {}, &to, make, options);
-  if (plan_builder::pruned(plan)) return std::nullopt;
-  plan_builder::set_lower_bound(plan, lower_bound_bytes_recv_max(src, dst));
-  return plan;
+  return best;
 }
 
 // The bytes of the larger of the source and target blocks of the rank holding the largest: the

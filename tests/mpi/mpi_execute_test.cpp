@@ -68,7 +68,11 @@ int main(int argc, char** argv) {
                         {"2x2x2", "P(min),R,S(0)", "S(0),R,S(1)", Objective::bytes},
                         // (of 5x7, cut by elements in column-major order: parts packed)
                         {"2x4", "S(0),P(sum)", "S(1),S(1)", Objective::bytes},
-                        {"2x2x2", "P(max),P(max),R", "S(1),S(0),S(1)", Objective::bytes}};
+                        {"2x2x2", "P(max),P(max),R", "S(1),S(0),S(1)", Objective::bytes},
+                        // Reducing one Partial and keeping another: each class of the kept one
+                        // reduces and delivers among itself (2x4 of 5x7 cut by elements).
+                        {"2x2x2", "P(max),P(sum),S(0)", "S(0),P(sum),R", Objective::bytes},
+                        {"2x4", "P(sum),P(sum)", "P(sum),S(0)", Objective::bytes}};
   const Shape shapes[] = {{16, 8}, {5, 7}};
   const DType dtypes[] = {DType::f32, DType::i64, DType::bf16};
   testing::Agreement verdicts(world_rank);

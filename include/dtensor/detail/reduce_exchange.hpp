@@ -11,7 +11,8 @@
 #include "static_vector.hpp"
 
 // An exchange from a Partial: a step from placements with Partial(op) on some mesh dims (the
-// reduced dims, one op on all) to placements without Partial, in two point-to-point rounds. The
+// reduced dims, one op on all) to placements without Partial there, in two point-to-point
+// rounds; other Partials may stay as they are, each of their classes exchanging among itself. The
 // ranks that differ only on the reduced dims (a group) hold partial values of one block. First
 // each member reduces its part of that block (a range of one tensor dim, or where the step says
 // so, Step::by_elements, a run of its elements in row-major order, or in the order with another
@@ -30,10 +31,14 @@ namespace dtensor::detail {
 inline constexpr int max_reducing_group = 64;
 
 // The mesh dims an exchange from `before` to `after` reduces, and their op: every Partial of
-// `before`, of one op, where `after` has no Partial. `dims` is 0 when the step is no such
-// exchange.
+// `before`, of one op, where `after` has no Partial. `after` may keep others of `before`'s
+// Partials as they are (`kept`): each of their classes (the ranks that share a coordinate there,
+// holding one part) reduces and delivers among itself. Mixed Partial ops reduce outermost first,
+// so a kept Partial's op must commute with the reduced op where a reduced dim lies inside it
+// (a later mesh dim). `dims` is 0 when the step is no such exchange.
 struct ReducedPartials {
   unsigned dims = 0;
+  unsigned kept = 0;
   ReduceOp op = ReduceOp::sum;
 };
 
@@ -41,12 +46,21 @@ constexpr ReducedPartials reduced_partials(const Placements& before,
                                            const Placements& after) noexcept {
   ReducedPartials r;
   for (std::size_t k = 0; k < before.size() && k < after.size(); ++k) {
-    if (after[k].is_partial()) return {};
+    if (after[k].is_partial()) {
+      if (!(before[k] == after[k])) return {};
+      r.kept |= 1u << k;
+      continue;
+    }
     if (!before[k].is_partial()) continue;
     if (r.dims != 0 && before[k].reduce_op() != r.op) return {};
     r.op = before[k].reduce_op();
     r.dims |= 1u << k;
   }
+  if (r.dims == 0) return {};
+  for (std::size_t k = 0; k < before.size() && k < after.size(); ++k)
+    if ((r.kept >> k & 1u) != 0 && (r.dims >> (k + 1)) != 0 &&
+        !ops_commute(before[k].reduce_op(), r.op))
+      return {};
   return r;
 }
 

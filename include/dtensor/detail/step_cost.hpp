@@ -558,8 +558,9 @@ constexpr ReceivesByLink first_round_receives(const DeviceMesh& mesh, unsigned d
 // The owners the rank at `receiver` takes its target block from in an exchange from a Partial
 // (reduce_exchange.hpp; `dims` the reduced mesh dims): f(owner, piece) for every part that meets
 // the block, its own included, in the groups whose coordinates on the Replicate dims of
-// `before` are the receiver's. `by_elements` as group_parts; `own`, when given, is the parts of
-// the receiver's group. A part of several boxes gives a piece per box that meets the block.
+// `before` and on the Partials it keeps are the receiver's. `by_elements` as group_parts; `own`,
+// when given, is the parts of the receiver's group. A part of several boxes gives a piece per box
+// that meets the block.
 template <class F>
 constexpr void for_each_owner(const Layout& base, const Placements& before, const Placements& after,
                               unsigned dims, bool by_elements, const MeshCoord& receiver, F&& f,
@@ -590,7 +591,9 @@ constexpr void for_each_owned_target(const Layout& base, const Placements& befor
   if (part.empty()) return;
   const DeviceMesh& mesh = base.mesh();
   bool fixed[max_mesh_dims] = {};
-  for (int k = 0; k < mesh.ndim(); ++k) fixed[k] = before[k].is_replicate();
+  // The receivers share the sender's coordinates on the Replicate dims and on the kept Partials.
+  for (int k = 0; k < mesh.ndim(); ++k)
+    fixed[k] = before[k].is_replicate() || after[k].is_partial();
   for_each_coord(mesh, sender, fixed, [&](const MeshCoord& receiver) {
     const Box want = base.local_box(after, receiver);
     for (const Box& box : part) {
