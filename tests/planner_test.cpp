@@ -2310,6 +2310,37 @@ TEST_CASE("an exchange from a Partial: each group reduces parts cut to what its 
       });
 }
 
+TEST_CASE("an exchange from a Partial keeps the Partials the target keeps", "[planner][exchange]") {
+  // The reduced dims are the source's Partials the target does not keep, all of one op; a kept
+  // Partial's classes reduce among themselves. Mixed ops reduce outermost first: an outer
+  // Partial may stay while an inner one of another op is reduced only where the ops commute.
+  constexpr auto reduced = [](std::string_view a, std::string_view b) {
+    return detail::reduced_partials(parse_placements(a), parse_placements(b));
+  };
+  static_assert(reduced("P(sum),P(sum),S(1)", "P(sum),S(1),R").dims == 2);
+  static_assert(reduced("P(sum),P(sum),S(1)", "P(sum),S(1),R").kept == 1);
+  static_assert(reduced("P(max),P(sum),S(0)", "S(0),P(sum),R").kept == 2);
+  static_assert(reduced("P(sum),P(avg)", "P(sum),S(0)").kept == 1);  // linear ops commute
+  static_assert(reduced("P(sum),P(max)", "P(sum),S(0)").dims == 0);  // max inside a kept sum
+  static_assert(reduced("P(sum),P(max)", "P(max),S(0)").dims == 0);  // made again: not kept
+  static_assert(reduced("P(sum),R", "P(sum),S(0)").dims == 0);       // nothing reduced
+  static_assert(reduced("P(sum),P(max)", "S(0),S(1)").dims == 0);    // two ops reduced
+  // On 2x4, of 5x7 f32 under the bytes objective: one exchange keeping the outer P(sum), its
+  // groups' blocks cut by elements, 132 B where the reduce-scatter along mesh dim 1 moves 168.
+  const DeviceMesh grid({2, 4});
+  const Plan kept =
+      plan_redistribute(layout(grid, "P(sum),P(sum)", {5, 7}), layout(grid, "P(sum),S(0)", {5, 7}),
+                        {.objective = Objective::bytes});
+  INFO(explain(kept));
+  REQUIRE(kinds(kept) == std::vector{K::exchange});
+  CHECK(kept[0].by_elements);
+  CHECK(kept.bytes_recv_max() == 132);
+  CHECK(plan_redistribute(layout(grid, "P(sum),P(sum)", {5, 7}),
+                          layout(grid, "P(sum),S(0)", {5, 7}),
+                          {.objective = Objective::bytes, .allow_exchange = false})
+            .bytes_recv_max() == 168);
+}
+
 TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "[planner]") {
   // run_boxes: the boxes of a run are inside the block, in the order with tensor dim `outer`
   // outermost (row-major for 0), and hold exactly the run's elements; run_bounds holds them.
