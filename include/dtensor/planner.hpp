@@ -2880,9 +2880,12 @@ constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout&
   // The source's Partials dst makes again: of another op, or of the same one where it cannot
   // be kept (kept_partials).
   const unsigned kept = kept_partials(a, b);
+  unsigned partials = 0;
   int other[max_mesh_dims] = {}, num_other = 0;
-  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+  for (int k = 0; k < static_cast<int>(a.size()); ++k) {
+    if (a[k].is_partial()) partials |= 1u << k;
     if (a[k].is_partial() && b[k].is_partial() && (kept >> k & 1u) == 0) other[num_other++] = k;
+  }
   // Every combination of Replicate and the S(d) while there are at most 64, else Replicate.
   const int choices = src.tensor_ndim() + 1;
   int combos = 1;
@@ -2896,13 +2899,9 @@ constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout&
           rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
     Placements to;
     Transitions make;
-    if (!reducing_exchange_to(src, toward, to, make)) {
-      // Else one that keeps every Partial of the source as it is.
-      unsigned partials = 0;
-      for (int k = 0; k < static_cast<int>(a.size()); ++k)
-        if (a[k].is_partial()) partials |= 1u << k;
-      if (num_other > 0 || kept != partials) continue;
-    }
+    // Else one that keeps every Partial of the source as it is.
+    if (!reducing_exchange_to(src, toward, to, make) && (num_other > 0 || kept != partials))
+      continue;
     make.clear();
     append_made_partials(make, to, b);
     if (to == a || !transitions_valid(to, make)) continue;
