@@ -1022,6 +1022,26 @@ TEST_CASE("mixed Partial ops where a kept inner shard blocks a made Partial, exe
   CHECK(runs > 0);
 }
 
+TEST_CASE("mixed Partial ops reduced by a collective, then by an exchange, executed",
+          "[execute][planner]") {
+  // (P(max), P(sum), S(0)) -> (S(1), R, S(1)) on 2x2x2 under the bytes objective: the P(max)
+  // reduce-scattered along mesh dim 0, then one exchange reduces the P(sum) into the target;
+  // even and uneven, on strided and packing backends, against the global view.
+  const DeviceMesh cube({2, 2, 2});
+  for (const Shape& shape : {Shape{8, 16}, Shape{5, 7}}) {
+    const Layout src(cube, parse_placements("P(max),P(sum),S(0)"), shape);
+    const Layout dst(cube, parse_placements("S(1),R,S(1)"), shape);
+    const Plan plan = plan_redistribute(src, dst, {.objective = Objective::bytes});
+    INFO(explain(plan));
+    REQUIRE(plan.size() == 2);
+    CHECK(plan[0].kind == StepKind::reduce_scatter);
+    CHECK(plan[1].kind == StepKind::exchange);
+    CHECK(detail::exchange_reduces(plan[1].before, plan[1].after));
+    run_strided_and_packed(plan);
+    CHECK(verified_on(plan).verified);
+  }
+}
+
 TEST_CASE("exchanges into and from a Partial on more than 64 ranks, executed",
           "[execute][planner]") {
   // Beyond 64 ranks the planner makes and reduces Partials in one exchange too; each plan runs

@@ -2381,6 +2381,30 @@ constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
   return bytes;
 }
 
+// A floor under the time the steps of the transitions `ts` (from `base`'s placements) take in
+// any plan: the rank at `probe`'s time in each, padded or exact, whichever is less (a step takes
+// as long as its slowest rank).
+constexpr double probe_floor_us(const Layout& base, const Transitions& ts, const MeshCoord& probe,
+                                const CostModel& model) {
+  double us = 0;
+  Placements state = base.placements();
+  for (const Transition& t : ts) {
+    Placements next = state;
+    next[t.mesh_dim] = t.to;
+    const StepKind kind = step_kind(t.from, t.to);
+    if (moves_data(kind) && base.mesh().size(t.mesh_dim) > 1) {
+      const Box have = base.local_box(state, probe), want = base.local_box(next, probe);
+      const double exact =
+          rank_step_cost(base, state, next, kind, t.mesh_dim, false, probe, have, want, model).us;
+      const double padded =
+          rank_step_cost(base, state, next, kind, t.mesh_dim, true, probe, have, want, model).us;
+      us += exact < padded ? exact : padded;
+    }
+    state = next;
+  }
+  return us;
+}
+
 // Whether an exchange from `mid` (no Partial) into `end`'s Partials would move nothing, by their
 // form: `mid` is `end` on every other mesh dim, and on each dim where `end` is Partial either
 // replicates or shards a tensor dim that no later mesh dim shards unless `end` is Partial there
@@ -2431,14 +2455,14 @@ constexpr unsigned kept_partials(const Placements& a, const Placements& b) {
   return kept;
 }
 
-// The exchange straight from the source's Partials toward placements `b` (reduce_exchange.hpp):
-// `to` is `b` with the source's placements where `b` is Partial and the source is not, those
-// Partials made locally after it by `make` (innermost first). Whether it may run: it reduces the
-// source's Partials, all of one op, but those `b` keeps as they are (reduced_partials), in groups
-// of at most max_reducing_group, on a mesh of at most max_partial_exchange_ranks.
-constexpr bool reducing_exchange_to(const Layout& src, const Placements& b, Placements& to,
-                                    Transitions& make) {
-  const Placements& a = src.placements();
+// The exchange straight from placements `a` of src's tensor (the source's, or those some steps
+// left) toward placements `b` (reduce_exchange.hpp): `to` is `b` with `a`'s placements where `b`
+// is Partial and `a` is not, those Partials made locally after it by `make` (innermost first).
+// Whether it may run: it reduces `a`'s Partials, all of one op, but those `b` keeps as they are
+// (reduced_partials), in groups of at most max_reducing_group, on a mesh of at most
+// max_partial_exchange_ranks.
+constexpr bool reducing_exchange_to(const Layout& src, const Placements& a, const Placements& b,
+                                    Placements& to, Transitions& make) {
   to = b;
   make.clear();
   for (int k = static_cast<int>(b.size()); k-- > 0;)
@@ -2449,6 +2473,12 @@ constexpr bool reducing_exchange_to(const Layout& src, const Placements& b, Plac
   return src.tensor_ndim() > 0 && src.mesh().size() <= max_partial_exchange_ranks &&
          exchange_reduces(a, to) && transitions_valid(to, make) &&
          group_size(src.mesh(), reduced_partials(a, to).dims) <= max_reducing_group;
+}
+
+// The same from the source's placements.
+constexpr bool reducing_exchange_to(const Layout& src, const Placements& b, Placements& to,
+                                    Transitions& make) {
+  return reducing_exchange_to(src, src.placements(), b, to, make);
 }
 
 // Plans with one exchange: first each source Partial the target does not keep is reduced on its
@@ -2619,12 +2649,32 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // then reduces a smaller block). Under the time objective one rank's time must first pass.
   // Where the target is Partial on a dim where the source is not, the exchange keeps the
   // source's placement there and the Partial is made locally after it (S or R to P), innermost
-  // first.
-  Placements to;
-  Transitions make;
-  if (from_partial && reducing_exchange_to(src, b, to, make)) {
-    Transitions chunks;
-    Placements chunked = a;
+  // first. Where the Partials it would reduce are of more than one op, those outside the
+  // innermost run of one op are reduced first on their own mesh dims (`lead`: all-reduce, or
+  // reduce-scatter to some S(d); every combination while at most 64, else all-reduces), and the
+  // exchange reduces the rest from `start`.
+  auto reducing = [&](const Transitions& lead, const Placements& start) {
+    Placements to;
+    Transitions make;
+    if (!reducing_exchange_to(src, start, b, to, make)) return;
+    // After a lead, an exchange that only reduces one mesh dim, where the collective there may
+    // run, is tried as that collective: under the time objective instead (fewer messages), under
+    // the bytes objective as well (between uneven layouts the exchange may move fewer bytes).
+    int differ = 0, at = 0;
+    for (int k = 0; k < static_cast<int>(b.size()); ++k)
+      if (!(start[k] == to[k])) {
+        ++differ;
+        at = k;
+      }
+    if (!lead.empty() && differ == 1 && transition_valid_to(at, start, to[at])) {
+      Transitions ts = lead;
+      ts.push_back({at, start[at], to[at]});
+      for (const Transition& t : make) ts.push_back(t);
+      consider(ts);
+      if (options.objective == Objective::time) return;
+    }
+    Transitions chunks = lead;
+    Placements chunked = start;
     for (int k = 0; k < static_cast<int>(a.size()); ++k)
       if (a[k].is_replicate() && to[k].is_shard() && src.mesh().size(k) > 1) {
         chunks.push_back({k, a[k], to[k]});
@@ -2637,16 +2687,24 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // group's block (the probe where the bound says which is busiest, often not here), those of
     // its group's rounds, then its own second round exactly.
     const bool timed = options.objective == Objective::time && beaten() != nullptr;
-    const unsigned dims = reduced_partials(a, to).dims;
+    const unsigned dims = reduced_partials(start, to).dims;
+    // The lead's share: the probe's time in it (the exchange must beat what is left), its bytes.
+    const double lead_us =
+        timed && !lead.empty() ? probe_floor_us(src, lead, probe, options.cost_model) : 0;
+    const std::int64_t lead_bytes =
+        options.objective == Objective::bytes && beaten() != nullptr && !lead.empty()
+            ? probe_bytes(src, lead, probe, options.cost_model)
+            : 0;
     for (const bool chunk : {false, true}) {
-      if (chunk && (chunks.empty() || !transitions_valid(a, chunks))) break;
-      const Placements& from = chunk ? chunked : a;
+      if (chunk && (chunks.size() == lead.size() || !transitions_valid(a, chunks))) break;
+      const Placements& from = chunk ? chunked : start;
       // Under the bytes objective, a floor first (the chunks receive nothing).
       if (options.objective == Objective::bytes && beaten() != nullptr &&
-          bytes_mul(reducing_exchange_elements_floor(src, from, to, probe), src.elem_bytes()) >
-              beaten()->bytes_recv_max())
+          bytes_add(lead_bytes, bytes_mul(reducing_exchange_elements_floor(src, from, to, probe),
+                                          src.elem_bytes())) > beaten()->bytes_recv_max())
         continue;
-      const double beat = timed ? plan_builder::time_to_beat(*beaten()) : 0;
+      const double beat = timed ? plan_builder::time_to_beat(*beaten()) - lead_us : 0;
+      if (timed && beat < 0) continue;
       const CostModel& model = options.cost_model;
       double shared = 0;
       auto at_least_shared = [&](double second) { return second > shared ? second : shared; };
@@ -2682,11 +2740,36 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
             continue;
         }
         if (by_elements && !cuts_by_elements(src, from, to, dims)) break;
-        const Plan p = plan_builder::build(src, dst, chunk ? chunks : Transitions{}, &end, make,
-                                           options, beaten(), &probe, by_elements);
+        const Plan p = plan_builder::build(src, dst, chunk ? chunks : lead, &end, make, options,
+                                           beaten(), &probe, by_elements);
         if (better(p, best, options.objective)) best = p;
       }
     }
+  };
+  if (!from_partial) return;
+  reducing({}, a);
+  // The leads are not tried under Memory::bounded: the exchange's staging beside the block a
+  // lead leaves passes the larger end on the backends (on 2x2x2, their plans took 28 small pairs
+  // past it on MPI and 36 more on a backend that packs, planned for it).
+  if (options.memory == Memory::bounded) return;
+  // The reduced dims outside the innermost run of one op.
+  int outer = num_reduced - 1;
+  while (outer > 0 && a[reduced[outer - 1]].reduce_op() == a[reduced[num_reduced - 1]].reduce_op())
+    --outer;
+  if (outer <= 0) return;
+  int leads = 1;
+  for (int i = 0; i < outer && leads <= 64; ++i) leads *= choices;
+  if (leads > 64) leads = 1;
+  for (int combo = 0; combo < leads; ++combo) {
+    Transitions lead;
+    Placements start = a;
+    for (int i = 0, rest = combo; i < outer; ++i, rest /= choices) {
+      const int k = reduced[i];
+      start[k] =
+          rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+      lead.push_back({k, a[k], start[k]});
+    }
+    if (transitions_valid(a, lead)) reducing(lead, start);
   }
 }
 
