@@ -2356,14 +2356,12 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
   return most;
 }
 
-// The bytes the rank at `probe` receives in the plan of the transitions `ts` (from `base`'s
-// placements), each step exact, as the bytes objective's automatic padding runs them (padded
-// ones receive more): with what an exchange after them costs it, a floor under such a plan's
-// largest receive that lets try_exchanges skip candidates without costing them under the bytes
-// objective.
-constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
-                                   const MeshCoord& probe, const CostModel& model) {
-  std::int64_t bytes = 0;
+// Calls f(cost) for each step of the transitions `ts` (from `base`'s placements) that moves
+// data on a mesh dim of more than one rank, where cost(padded) is the rank at `probe`'s
+// RankStepCost in it.
+template <class F>
+constexpr void for_each_probe_step(const Layout& base, const Transitions& ts,
+                                   const MeshCoord& probe, const CostModel& model, F&& f) {
   Placements state = base.placements();
   Box have = base.local_box(state, probe);
   for (const Transition& t : ts) {
@@ -2372,12 +2370,25 @@ constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
     const Box want = base.local_box(next, probe);
     const StepKind kind = step_kind(t.from, t.to);  // P(a) -> P(b): its all-reduce
     if (moves_data(kind) && base.mesh().size(t.mesh_dim) > 1)
-      bytes = bytes_add(bytes, rank_step_cost(base, state, next, kind, t.mesh_dim, false, probe,
-                                              have, want, model)
-                                   .bytes.recv);
+      f([&](bool padded) {
+        return rank_step_cost(base, state, next, kind, t.mesh_dim, padded, probe, have, want,
+                              model);
+      });
     state = next;
     have = want;
   }
+}
+
+// The bytes the rank at `probe` receives in the plan of the transitions `ts` (from `base`'s
+// placements), each step exact, as the bytes objective's automatic padding runs them (padded
+// ones receive more): with what an exchange after them costs it, a floor under such a plan's
+// largest receive that lets try_exchanges skip candidates without costing them under the bytes
+// objective.
+constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
+                                   const MeshCoord& probe, const CostModel& model) {
+  std::int64_t bytes = 0;
+  for_each_probe_step(base, ts, probe, model,
+                      [&](const auto& cost) { bytes = bytes_add(bytes, cost(false).bytes.recv); });
   return bytes;
 }
 
@@ -2387,21 +2398,10 @@ constexpr std::int64_t probe_bytes(const Layout& base, const Transitions& ts,
 constexpr double probe_floor_us(const Layout& base, const Transitions& ts, const MeshCoord& probe,
                                 const CostModel& model) {
   double us = 0;
-  Placements state = base.placements();
-  for (const Transition& t : ts) {
-    Placements next = state;
-    next[t.mesh_dim] = t.to;
-    const StepKind kind = step_kind(t.from, t.to);
-    if (moves_data(kind) && base.mesh().size(t.mesh_dim) > 1) {
-      const Box have = base.local_box(state, probe), want = base.local_box(next, probe);
-      const double exact =
-          rank_step_cost(base, state, next, kind, t.mesh_dim, false, probe, have, want, model).us;
-      const double padded =
-          rank_step_cost(base, state, next, kind, t.mesh_dim, true, probe, have, want, model).us;
-      us += exact < padded ? exact : padded;
-    }
-    state = next;
-  }
+  for_each_probe_step(base, ts, probe, model, [&](const auto& cost) {
+    const double exact = cost(false).us, padded = cost(true).us;
+    us += exact < padded ? exact : padded;
+  });
   return us;
 }
 
