@@ -2372,6 +2372,38 @@ TEST_CASE("mixed Partial ops: the outer op reduced first, then one exchange redu
   CHECK(bytes.bytes_recv_max() == bytes.lower_bound_bytes_recv_max());
 }
 
+TEST_CASE("an exchange from a Partial leaves R or S(d) where the target makes it again",
+          "[planner][exchange]") {
+  // (P(sum), S(1)) -> (P(max), R) of 7x10 on 2x4 under the bytes objective: the exchange
+  // reduces the P(sum) into (S(1), R) and a fill makes the P(max), 140 B, the bound, where the
+  // all-reduce and the exchange after it moved 144.
+  const DeviceMesh mesh({2, 4});
+  const Plan bytes =
+      plan_redistribute(layout(mesh, "P(sum),S(1)", {7, 10}), layout(mesh, "P(max),R", {7, 10}),
+                        {.objective = Objective::bytes});
+  INFO(explain(bytes));
+  REQUIRE(kinds(bytes) == std::vector{K::exchange, K::fill});
+  CHECK(bytes[0].after == parse_placements("S(1),R"));
+  CHECK(bytes.bytes_recv_max() == 140);
+  CHECK(bytes.bytes_recv_max() == bytes.lower_bound_bytes_recv_max());
+  // (P(sum), S(1), S(0)) -> (P(max), S(0), S(0)) of 8x16 on 2x2x2 under Memory::bounded: the
+  // exchange into (S(1), S(0), S(0)) and a fill, 128 B where the all-reduce and exchange moved
+  // 192, in less time by the model.
+  const DeviceMesh cube({2, 2, 2});
+  const Layout src = layout(cube, "P(sum),S(1),S(0)", {8, 16});
+  const Layout dst = layout(cube, "P(max),S(0),S(0)", {8, 16});
+  const Plan bounded = plan_redistribute(src, dst, {.memory = Memory::bounded});
+  INFO(explain(bounded));
+  REQUIRE(kinds(bounded) == std::vector{K::exchange, K::fill});
+  CHECK(bounded[0].after == parse_placements("S(1),S(0),S(0)"));
+  CHECK(bounded.bytes_recv_max() == 128);
+  CHECK(bounded.memory_bounded());
+  // Where latency rules under the time objective (not bounded), these exchanges are not tried:
+  // none made a faster plan there.
+  const Plan fastest = plan_redistribute(src, dst, {.memory = Memory::any});
+  CHECK(fastest.est_us() <= bounded.est_us());
+}
+
 TEST_CASE("an exchange from a Partial may cut its groups' blocks by elements", "[planner]") {
   // run_boxes: the boxes of a run are inside the block, in the order with tensor dim `outer`
   // outermost (row-major for 0), and hold exactly the run's elements; run_bounds holds them.

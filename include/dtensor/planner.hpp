@@ -2653,10 +2653,8 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // innermost run of one op are reduced first on their own mesh dims (`lead`: all-reduce, or
   // reduce-scatter to some S(d); every combination while at most 64, else all-reduces), and the
   // exchange reduces the rest from `start`.
-  auto reducing = [&](const Transitions& lead, const Placements& start) {
-    Placements to;
-    Transitions make;
-    if (!reducing_exchange_to(src, start, b, to, make)) return;
+  auto reducing_to = [&](const Transitions& lead, const Placements& start, const Placements& to,
+                         const Transitions& make) {
     // After a lead, an exchange that only reduces one mesh dim, where the collective there may
     // run, is tried as that collective: under the time objective instead (fewer messages), under
     // the bytes objective as well (between uneven layouts the exchange may move fewer bytes).
@@ -2744,6 +2742,42 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
                                            beaten(), &probe, by_elements);
         if (better(p, best, options.objective)) best = p;
       }
+    }
+  };
+  // Where the target makes one of start's Partials again (another op, or the same one where it
+  // cannot be kept: kept_partials), the exchange leaves Replicate or some S(d) there (every
+  // combination while at most 64, else Replicate) and the Partial is made from it after.
+  auto reducing = [&](const Transitions& lead, const Placements& start) {
+    const unsigned keeps = kept_partials(start, b);
+    int again[max_mesh_dims] = {}, num_again = 0;
+    for (int k = 0; k < static_cast<int>(b.size()); ++k)
+      if (start[k].is_partial() && b[k].is_partial() && (keeps >> k & 1u) == 0)
+        again[num_again++] = k;
+    // Under the time objective, not under Memory::bounded, only where a quarter or more of the
+    // best plan's time is bandwidth: where latency rules, the exchange's two rounds and the fills
+    // after it made no faster plan there (none of 195,000 on 2x4 and 2x2x2), at up to 50% more
+    // planning work.
+    if (num_again > 0 && options.objective == Objective::time &&
+        options.memory != Memory::bounded && !plan_builder::pruned(best) &&
+        4 * bandwidth_us(best, options.cost_model) < best.est_us())
+      return;
+    int towards = 1;
+    for (int i = 0; i < num_again && towards <= 64; ++i) towards *= choices;
+    if (towards > 64) towards = 1;
+    for (int t = 0; t < towards; ++t) {
+      Placements toward = b;
+      for (int i = 0, rest = t; i < num_again; ++i, rest /= choices)
+        toward[again[i]] =
+            rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+      Placements to;
+      Transitions make;
+      if (!reducing_exchange_to(src, start, toward, to, make)) continue;
+      if (num_again > 0) {
+        make.clear();
+        append_made_partials(make, to, b);
+        if (!transitions_valid(to, make)) continue;
+      }
+      reducing_to(lead, start, to, make);
     }
   };
   if (!from_partial) return;
