@@ -2455,6 +2455,34 @@ constexpr unsigned kept_partials(const Placements& a, const Placements& b) {
   return kept;
 }
 
+// The Partials of `a` that `b` makes again (another op, or the same one where an exchange cannot
+// keep it: kept_partials), where an exchange leaves Replicate or some S(d) and the Partial is made
+// from it after: every combination of those choices (`choices`: the tensor's dims and one) while
+// there are at most 64, else Replicate on each.
+struct MadeAgain {
+  int dims[max_mesh_dims] = {};
+  int count = 0;
+  int choices = 1;
+  int combos = 1;
+
+  constexpr MadeAgain(const Placements& a, const Placements& b, int tensor_dims)
+      : choices(tensor_dims + 1) {
+    const unsigned kept = kept_partials(a, b);
+    for (int k = 0; k < static_cast<int>(a.size()); ++k)
+      if (a[k].is_partial() && b[k].is_partial() && (kept >> k & 1u) == 0) dims[count++] = k;
+    for (int i = 0; i < count && combos <= 64; ++i) combos *= choices;
+    if (combos > 64) combos = 1;
+  }
+  // `b` with combination `combo`'s Replicate or S(d) on those dims.
+  [[nodiscard]] constexpr Placements toward(const Placements& b, int combo) const {
+    Placements t = b;
+    for (int i = 0, rest = combo; i < count; ++i, rest /= choices)
+      t[dims[i]] =
+          rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+    return t;
+  }
+};
+
 // The exchange straight from placements `a` of src's tensor (the source's, or those some steps
 // left) toward placements `b` (reduce_exchange.hpp): `to` is `b` with `a`'s placements where `b`
 // is Partial and `a` is not, those Partials made locally after it by `make` (innermost first).
@@ -2748,31 +2776,20 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // cannot be kept: kept_partials), the exchange leaves Replicate or some S(d) there (every
   // combination while at most 64, else Replicate) and the Partial is made from it after.
   auto reducing = [&](const Transitions& lead, const Placements& start) {
-    const unsigned keeps = kept_partials(start, b);
-    int again[max_mesh_dims] = {}, num_again = 0;
-    for (int k = 0; k < static_cast<int>(b.size()); ++k)
-      if (start[k].is_partial() && b[k].is_partial() && (keeps >> k & 1u) == 0)
-        again[num_again++] = k;
+    const MadeAgain again(start, b, src.tensor_ndim());
     // Under the time objective, not under Memory::bounded, only where a quarter or more of the
     // best plan's time is bandwidth: where latency rules, the exchange's two rounds and the fills
     // after it made no faster plan there (none of 195,000 on 2x4 and 2x2x2), at up to 50% more
     // planning work.
-    if (num_again > 0 && options.objective == Objective::time &&
+    if (again.count > 0 && options.objective == Objective::time &&
         options.memory != Memory::bounded && !plan_builder::pruned(best) &&
         4 * bandwidth_us(best, options.cost_model) < best.est_us())
       return;
-    int towards = 1;
-    for (int i = 0; i < num_again && towards <= 64; ++i) towards *= choices;
-    if (towards > 64) towards = 1;
-    for (int t = 0; t < towards; ++t) {
-      Placements toward = b;
-      for (int i = 0, rest = t; i < num_again; ++i, rest /= choices)
-        toward[again[i]] =
-            rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+    for (int combo = 0; combo < again.combos; ++combo) {
       Placements to;
       Transitions make;
-      if (!reducing_exchange_to(src, start, toward, to, make)) continue;
-      if (num_again > 0) {
+      if (!reducing_exchange_to(src, start, again.toward(b, combo), to, make)) continue;
+      if (again.count > 0) {
         make.clear();
         append_made_partials(make, to, b);
         if (!transitions_valid(to, make)) continue;
@@ -2998,26 +3015,16 @@ constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout&
   // be kept (kept_partials).
   const unsigned kept = kept_partials(a, b);
   unsigned partials = 0;
-  int other[max_mesh_dims] = {}, num_other = 0;
-  for (int k = 0; k < static_cast<int>(a.size()); ++k) {
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
     if (a[k].is_partial()) partials |= 1u << k;
-    if (a[k].is_partial() && b[k].is_partial() && (kept >> k & 1u) == 0) other[num_other++] = k;
-  }
-  // Every combination of Replicate and the S(d) while there are at most 64, else Replicate.
-  const int choices = src.tensor_ndim() + 1;
-  int combos = 1;
-  for (int i = 0; i < num_other && combos <= 64; ++i) combos *= choices;
-  if (combos > 64) combos = 1;
+  const MadeAgain again(a, b, src.tensor_ndim());
   std::optional<Plan> best;
-  for (int combo = 0; combo < combos; ++combo) {
-    Placements toward = b;  // b, with Replicate or some S(d) where it makes a Partial again
-    for (int i = 0, rest = combo; i < num_other; ++i, rest /= choices)
-      toward[other[i]] =
-          rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+  for (int combo = 0; combo < again.combos; ++combo) {
     Placements to;
     Transitions make;
     // Else one that keeps every Partial of the source as it is.
-    if (!reducing_exchange_to(src, toward, to, make) && (num_other > 0 || kept != partials))
+    if (!reducing_exchange_to(src, again.toward(b, combo), to, make) &&
+        (again.count > 0 || kept != partials))
       continue;
     make.clear();
     append_made_partials(make, to, b);
