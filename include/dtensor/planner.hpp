@@ -2455,6 +2455,11 @@ constexpr unsigned kept_partials(const Placements& a, const Placements& b) {
   return kept;
 }
 
+// A reduction's choice `choice` of where to leave a mesh dim: 0 Replicate, d + 1 Shard(d).
+constexpr Placement replicate_or_shard(int choice) {
+  return choice == 0 ? Placement::replicate() : Placement::shard(choice - 1);
+}
+
 // The Partials of `a` that `b` makes again (another op, or the same one where an exchange cannot
 // keep it: kept_partials), where an exchange leaves Replicate or some S(d) and the Partial is made
 // from it after: every combination of those choices (`choices`: the tensor's dims and one) while
@@ -2477,8 +2482,7 @@ struct MadeAgain {
   [[nodiscard]] constexpr Placements toward(const Placements& b, int combo) const {
     Placements t = b;
     for (int i = 0, rest = combo; i < count; ++i, rest /= choices)
-      t[dims[i]] =
-          rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+      t[dims[i]] = replicate_or_shard(rest % choices);
     return t;
   }
 };
@@ -2816,8 +2820,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     Placements start = a;
     for (int i = 0, rest = combo; i < outer; ++i, rest /= choices) {
       const int k = reduced[i];
-      start[k] =
-          rest % choices == 0 ? Placement::replicate() : Placement::shard(rest % choices - 1);
+      start[k] = replicate_or_shard(rest % choices);
       lead.push_back({k, a[k], start[k]});
     }
     if (transitions_valid(a, lead)) reducing(lead, start);
