@@ -69,7 +69,8 @@ inline bool scratch_within_ends(const Plan& plan, LinkAbilities a) {
 // estimated time, then the fewest bytes; bytes: the other way round), run as bounded; where none
 // is, the same of the bounded plans of both objectives without all-to-alls (allow_all_to_all
 // false, where it is not already); then one exchange straight to the target (one_exchange_plan);
-// else the plan asked for.
+// then that exchange after reductions of the source's first Partials (for_each_reducing_lead),
+// the best of them within; else the plan asked for.
 inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOptions& options,
                              LinkAbilities a) {
   Plan plan = plan_redistribute(src, dst, options);
@@ -116,12 +117,17 @@ inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOpt
     o.allow_all_to_all = false;
     consider(o);
   }
-  // Then one exchange straight to the target, which holds no block between steps.
-  if (!best) {
-    PlanOptions o = options;
-    o.memory = Memory::bounded;
+  // Then one exchange straight to the target, which holds no block between steps; else that
+  // exchange after the source's first Partials are reduced on their own mesh dims
+  // (for_each_reducing_lead), which holds only the block they leave.
+  PlanOptions o = options;
+  o.memory = Memory::bounded;
+  if (!best)
     if (std::optional<Plan> p = one_exchange_plan(src, dst, o)) take(std::move(*p));
-  }
+  if (!best)
+    for_each_reducing_lead(src, dst, [&](const Transitions& lead) {
+      if (std::optional<Plan> p = one_exchange_plan(src, dst, o, lead)) take(std::move(*p));
+    });
   return best ? *best : plan;
 }
 
@@ -185,7 +191,8 @@ bool scratch_within_ends(const Plan& plan) {
 // strided pieces, NCCL, needs more of): where its plan holds more than the larger of some rank's
 // source and target blocks on B (scratch_within_ends), the fastest (under Objective::bytes: the
 // fewest bytes) of the plans of either objective, bounded or any, that stays within on every
-// rank (where none does, bounded without all-to-alls, then one exchange straight to the target),
+// rank (where none does, bounded without all-to-alls, then one exchange straight to the target,
+// then that exchange after the source's first Partials are reduced on their own mesh dims),
 // under Memory::automatic within its slack of the fastest plan; it runs as bounded, and its options
 // say which objective (and whether all-to-alls). Where none does, and under Memory::any,
 // plan_redistribute's plan.

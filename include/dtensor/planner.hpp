@@ -3006,13 +3006,17 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
 // objective kept) and the Partial is made from it. No block is held between steps: the candidate
 // plan_redistribute_for tries last, where the search's plans (cheaper by the cost model) hold more
 // scratch than the ends on the backend. Empty where none applies, where the exchange would move
-// nothing, or without options.allow_exchange.
+// nothing, or without options.allow_exchange. With `lead` (for_each_reducing_lead), those steps
+// first and the exchange from the placements they leave.
 constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout& dst,
-                                                PlanOptions options) {
+                                                PlanOptions options, const Transitions& lead = {}) {
   check_same_tensor(src, dst);
-  if (!options.allow_exchange || src.tensor_ndim() == 0) return std::nullopt;
+  if (!options.allow_exchange || src.tensor_ndim() == 0 ||
+      !transitions_valid(src.placements(), lead))
+    return std::nullopt;
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
-  const Placements& a = src.placements();
+  Placements a = src.placements();
+  for (const Transition& t : lead) a[t.mesh_dim] = t.to;
   const Placements& b = dst.placements();
   // The source's Partials dst makes again: of another op, or of the same one where it cannot
   // be kept (kept_partials).
@@ -3026,18 +3030,45 @@ constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout&
     Placements to;
     Transitions make;
     // Else one that keeps every Partial of the source as it is.
-    if (!reducing_exchange_to(src, again.toward(b, combo), to, make) &&
+    if (!reducing_exchange_to(src, a, again.toward(b, combo), to, make) &&
         (again.count > 0 || kept != partials))
       continue;
     make.clear();
     append_made_partials(make, to, b);
     if (to == a || !transitions_valid(to, make)) continue;
-    Plan plan = plan_builder::build(src, dst, {}, &to, make, options);
+    Plan plan = plan_builder::build(src, dst, lead, &to, make, options);
     if (plan_builder::pruned(plan) || (best && !better(plan, *best, options.objective))) continue;
     plan_builder::set_lower_bound(plan, lower_bound_bytes_recv_max(src, dst));
     best = std::move(plan);
   }
   return best;
+}
+
+// Calls f(lead) for the steps that reduce the first one or more of src's Partials that dst does
+// not keep (kept_partials), outermost first, each on its own mesh dim: an all-reduce, or a
+// reduce-scatter to some S(d). Every combination of those choices while they number at most 64
+// in all, the fewest Partials first. Each lead is followed by one exchange (one_exchange_plan)
+// where plan_redistribute_for finds nothing within the ends: source Partials of ops that do not
+// commute, which no one exchange reduces.
+template <class F>
+constexpr void for_each_reducing_lead(const Layout& src, const Layout& dst, F&& f) {
+  const Placements& a = src.placements();
+  const unsigned kept = kept_partials(a, dst.placements());
+  int reduced[max_mesh_dims] = {};
+  int count = 0;
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+    if (a[k].is_partial() && (kept >> k & 1u) == 0 && src.mesh().size(k) > 1) reduced[count++] = k;
+  const int choices = src.tensor_ndim() + 1;
+  int tried = 0;
+  for (int n = 1, combos = choices; n <= count && tried + combos <= 64; ++n, combos *= choices) {
+    tried += combos;
+    for (int combo = 0; combo < combos; ++combo) {
+      Transitions lead;
+      for (int i = 0, rest = combo; i < n; ++i, rest /= choices)
+        lead.push_back({reduced[i], a[reduced[i]], replicate_or_shard(rest % choices)});
+      f(lead);
+    }
+  }
 }
 
 // The bytes of the larger of the source and target blocks of the rank holding the largest: the
