@@ -1596,6 +1596,44 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
     check_within_ends(runs.second, mixed, thirds);
     CHECK(verified_on(led).verified);
   }
+  // Where the target makes a Partial the source does not hold, the exchange may leave Replicate
+  // or any S(d) there for the fill (for_each_one_exchange_plan), and every such plan is tried,
+  // not only the fastest. On 3x2x2, (P(max), S(0), S(1)) -> (P(max), P(sum), S(0)) of 8x16 reduces
+  // the P(max) before the P(sum) is made (the ops do not commute) and makes it again: the bounded
+  // plan all-reduces, gathers and fills, 384 B on a backend that packs where the larger end is
+  // 256 B; the exchange into (S(1), S(1), S(0)) and two fills hold 48 B (from the source's S(0)
+  // on mesh dim 1 the fill would not be local). (P(sum), S(0), P(sum)) -> (S(1), P(max), S(0)) of
+  // 7x10: the fastest exchange holds 320 B, over the larger end (280 B); the one into (S(1),
+  // S(1), S(0)) and a fill, 160 B.
+  const DeviceMesh slab({3, 2, 2});
+  const auto exchange_then_fills = [&](const Layout& from, const Layout& to,
+                                       std::int64_t bounded_bytes, std::int64_t held) {
+    CHECK(workspace_bytes<PackingBackend>(plan_redistribute(from, to, bounded)) == bounded_bytes);
+    const Plan p = plan_redistribute_for<PackingBackend>(from, to, bounded);
+    INFO(explain(p));
+    REQUIRE(p.size() >= 2);
+    CHECK(p[0].kind == StepKind::exchange);
+    CHECK(p[0].after == parse_placements("S(1),S(1),S(0)"));
+    for (std::size_t i = 1; i < p.size(); ++i) CHECK(p[i].kind == StepKind::fill);
+    CHECK(p.memory_bounded());
+    CHECK(workspace_bytes<PackingBackend>(p) == held);
+    CHECK(scratch_within_ends<SimulatedBackend>(p));
+    const auto runs = run_strided_and_packed(p);
+    check_within_ends(runs.second, from, to);
+    CHECK(verified_on(p).verified);
+  };
+  exchange_then_fills(Layout(slab, parse_placements("P(max),S(0),S(1)"), {8, 16}),
+                      Layout(slab, parse_placements("P(max),P(sum),S(0)"), {8, 16}), 384, 48);
+  const Layout sums_apart(slab, parse_placements("P(sum),S(0),P(sum)"), {7, 10});
+  const Layout max_inside(slab, parse_placements("S(1),P(max),S(0)"), {7, 10});
+  REQUIRE(detail::one_exchange_plan(sums_apart, max_inside, bounded));
+  CHECK(workspace_bytes<PackingBackend>(
+            *detail::one_exchange_plan(sums_apart, max_inside, bounded)) == 320);
+  exchange_then_fills(
+      sums_apart, max_inside,
+      workspace_bytes<PackingBackend>(plan_redistribute(sums_apart, max_inside, bounded)), 160);
+  CHECK_FALSE(
+      scratch_within_ends<PackingBackend>(plan_redistribute(sums_apart, max_inside, bounded)));
   CHECK(plan_redistribute_for<PackingBackend>(large_src, large_dst,
                                               PlanOptions{.memory = Memory::any}) ==
         plan_redistribute(large_src, large_dst, PlanOptions{.memory = Memory::any}));

@@ -68,9 +68,10 @@ inline bool scratch_within_ends(const Plan& plan, LinkAbilities a) {
 // (under Objective::bytes: no more bytes), the best by the objective asked for (time: the least
 // estimated time, then the fewest bytes; bytes: the other way round), run as bounded; where none
 // is, the same of the bounded plans of both objectives without all-to-alls (allow_all_to_all
-// false, where it is not already); then one exchange straight to the target (one_exchange_plan);
-// then that exchange after reductions of the source's first Partials (for_each_reducing_lead),
-// the best of them within; else the plan asked for.
+// false, where it is not already); then the plans of one exchange straight to the target
+// (for_each_one_exchange_plan, each of them, not only the fastest); then those after reductions
+// of the source's first Partials (for_each_reducing_lead), the best of them within; else the plan
+// asked for.
 inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOptions& options,
                              LinkAbilities a) {
   Plan plan = plan_redistribute(src, dst, options);
@@ -122,11 +123,10 @@ inline Plan plan_within_ends(const Layout& src, const Layout& dst, const PlanOpt
   // (for_each_reducing_lead), which holds only the block they leave.
   PlanOptions o = options;
   o.memory = Memory::bounded;
-  if (!best)
-    if (std::optional<Plan> p = one_exchange_plan(src, dst, o)) take(std::move(*p));
+  if (!best) for_each_one_exchange_plan(src, dst, o, {}, take);
   if (!best)
     for_each_reducing_lead(src, dst, [&](const Transitions& lead) {
-      if (std::optional<Plan> p = one_exchange_plan(src, dst, o, lead)) take(std::move(*p));
+      for_each_one_exchange_plan(src, dst, o, lead, take);
     });
   return best ? *best : plan;
 }

@@ -2998,22 +2998,24 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
                            bool exchange_from_partial, const Plan* bar = nullptr,
                            bool* detoured = nullptr, OrderCostMemo* memo = nullptr);
 
-// The plan of one exchange from src straight to dst, where the planner may build one: reducing
-// the source's Partials on the way (reducing_exchange_to; those dst keeps stay as they are), or
-// keeping each as it is (kept_partials); dst's other Partials are made locally after it,
-// innermost first. Where dst makes a source Partial again (another op, or the same where it
-// cannot be kept), the exchange leaves Replicate or some S(d) there (each tried, the best by the
-// objective kept) and the Partial is made from it. No block is held between steps: the candidate
-// plan_redistribute_for tries last, where the search's plans (cheaper by the cost model) hold more
-// scratch than the ends on the backend. Empty where none applies, where the exchange would move
-// nothing, or without options.allow_exchange. With `lead` (for_each_reducing_lead), those steps
-// first and the exchange from the placements they leave.
-constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout& dst,
-                                                PlanOptions options, const Transitions& lead = {}) {
+// Calls f(plan) for each plan of one exchange from src straight to dst that the planner may
+// build: reducing the source's Partials on the way (reducing_exchange_to; those dst keeps stay
+// as they are), or keeping each as it is (kept_partials); dst's other Partials are made locally
+// after it, innermost first, each from Replicate or some S(d) that the exchange leaves there
+// (every combination of those choices while at most 64 in all, else the source's placement
+// where dst makes a Partial the source does not hold, and Replicate where dst makes a source
+// Partial again: another op, or the same where it cannot be kept). No block is held between
+// steps: the candidates plan_redistribute_for tries last, where the search's plans (cheaper by
+// the cost model) hold more scratch than the ends on the backend. None where the exchange would
+// move nothing, or without options.allow_exchange. With `lead` (for_each_reducing_lead), those
+// steps first and the exchange from the placements they leave.
+template <class F>
+constexpr void for_each_one_exchange_plan(const Layout& src, const Layout& dst, PlanOptions options,
+                                          const Transitions& lead, F&& f) {
   check_same_tensor(src, dst);
   if (!options.allow_exchange || src.tensor_ndim() == 0 ||
       !transitions_valid(src.placements(), lead))
-    return std::nullopt;
+    return;
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
   Placements a = src.placements();
   for (const Transition& t : lead) a[t.mesh_dim] = t.to;
@@ -3025,22 +3027,48 @@ constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout&
   for (int k = 0; k < static_cast<int>(a.size()); ++k)
     if (a[k].is_partial()) partials |= 1u << k;
   const MadeAgain again(a, b, src.tensor_ndim());
+  // The mesh dims (of more than one rank) where dst makes a Partial the source does not hold,
+  // and every choice of what the exchange leaves there while the combinations number at most 64.
+  int made[max_mesh_dims] = {};
+  int num_made = 0;
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+    if (b[k].is_partial() && !a[k].is_partial() && src.mesh().size(k) > 1) made[num_made++] = k;
+  const int choices = src.tensor_ndim() + 1;
+  int made_combos = 1;
+  for (int i = 0; i < num_made && again.combos * made_combos <= 64; ++i) made_combos *= choices;
+  if (again.combos * made_combos > 64) made_combos = 1;
+  const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
+  for (int combo = 0; combo < again.combos; ++combo)
+    for (int m = 0; m < made_combos; ++m) {
+      Placements aim = again.toward(b, combo);
+      if (made_combos > 1)
+        for (int i = 0, rest = m; i < num_made; ++i, rest /= choices)
+          aim[made[i]] = replicate_or_shard(rest % choices);
+      Placements to;
+      Transitions make;
+      // Else one that keeps every Partial of the source as it is.
+      if (!reducing_exchange_to(src, a, aim, to, make) && (again.count > 0 || kept != partials))
+        continue;
+      make.clear();
+      append_made_partials(make, to, b);
+      if (to == a || !transitions_valid(to, make)) continue;
+      Plan plan = plan_builder::build(src, dst, lead, &to, make, options);
+      if (plan_builder::pruned(plan)) continue;
+      plan_builder::set_lower_bound(plan, bound);
+      f(std::move(plan));
+    }
+}
+
+// The best (by options.objective) of for_each_one_exchange_plan's plans; empty where there is
+// none.
+constexpr std::optional<Plan> one_exchange_plan(const Layout& src, const Layout& dst,
+                                                const PlanOptions& options,
+                                                const Transitions& lead = {}) {
   std::optional<Plan> best;
-  for (int combo = 0; combo < again.combos; ++combo) {
-    Placements to;
-    Transitions make;
-    // Else one that keeps every Partial of the source as it is.
-    if (!reducing_exchange_to(src, a, again.toward(b, combo), to, make) &&
-        (again.count > 0 || kept != partials))
-      continue;
-    make.clear();
-    append_made_partials(make, to, b);
-    if (to == a || !transitions_valid(to, make)) continue;
-    Plan plan = plan_builder::build(src, dst, lead, &to, make, options);
-    if (plan_builder::pruned(plan) || (best && !better(plan, *best, options.objective))) continue;
-    plan_builder::set_lower_bound(plan, lower_bound_bytes_recv_max(src, dst));
-    best = std::move(plan);
-  }
+  const Objective objective = options.objective;
+  for_each_one_exchange_plan(src, dst, options, lead, [&](Plan plan) {
+    if (!best || better(plan, *best, objective)) best = std::move(plan);
+  });
   return best;
 }
 
