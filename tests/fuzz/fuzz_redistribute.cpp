@@ -23,6 +23,7 @@
 #include <dtensor/dtensor.hpp>
 #include <dtensor/verify.hpp>
 
+#include "../forwarding_backend.hpp"
 #include "../simulated_worlds.hpp"
 
 #include <fmt/core.h>
@@ -36,8 +37,10 @@
 #include <exception>
 #include <iterator>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -400,6 +403,81 @@ bool run_plan(const Plan& plan, std::string_view what, std::string_view context)
   return true;
 }
 
+// A backend without strided all-to-alls and all-gathers, which packs strided pieces as NCCL
+// does (the simulator moves them where they lie, as MPI does).
+using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+
+// Runs a small plan on simulated ranks through backend kind B: every rank must hold its target
+// block, bytes as planned, and the scratch it held must be what workspace_bytes<B> plans for it.
+template <class B>
+void run_on_backend(const Plan& plan, std::string_view what, std::string_view context) {
+  const Layout& src = plan.src();
+  const DeviceMesh& mesh = src.mesh();
+  const std::string ctx = fmt::format(
+      "{}\n{} on {}: {} -> {}", context, what,
+      std::is_same_v<B, SimulatedBackend> ? "the simulator" : "a packing backend", src, plan.dst());
+  SimulatedWorld& world = testing::world_of(mesh);
+  std::vector<std::int64_t> held(static_cast<std::size_t>(mesh.size()));
+  const Verification v = must_succeed("execute", ctx, [&] {
+    return detail::visit_dtype(src.dtype(), [&]<class T>() {
+      return detail::verify_typed<T>(
+          plan, [&](const Plan& p, std::vector<std::vector<T>>& in,
+                    std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured) {
+            world.reset_counters();
+            world.run([&](SimulatedBackend& b) {
+              const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
+              ExecuteStats stats;
+              if constexpr (std::is_same_v<B, SimulatedBackend>) {
+                execute(p, b, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
+              } else {
+                B on(b);
+                execute(p, on, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
+              }
+              held[i] = stats.scratch_peak_bytes;
+            });
+            for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
+          });
+    });
+  });
+  if (!v.verified)
+    violation(fmt::format("the run differs from the global view: {}", v.difference),
+              fmt::format("{}\n{}", ctx, explain(plan)));
+  for (int i = 0; i < mesh.size(); ++i) {
+    const int rank = mesh.rank_at(i);
+    const std::int64_t planned = workspace_bytes<B>(plan, rank);
+    if (held[static_cast<std::size_t>(i)] != planned)
+      violation(fmt::format("rank {} held {} bytes of scratch where {} were planned", rank,
+                            held[static_cast<std::size_t>(i)], planned),
+                fmt::format("{}\n{}", ctx, explain(plan)));
+  }
+}
+
+// Where the plan seeks the memory bound, plan_redistribute_for<B>: the plain plan where it is
+// within the larger end on every rank on B, else one that is (or the plain plan where none is);
+// a plan that differs must be within, pass check_plan under its own options, and run on both
+// kinds of backend with the scratch planned.
+template <class B>
+void plan_for_backend(const Layout& src, const Layout& dst, const Plan& plain, const Options& o,
+                      std::string_view context) {
+  const std::string ctx = fmt::format("{}\nplan_redistribute_for: {} -> {}", context, src, dst);
+  auto plan = guarded("plan_redistribute_for", ctx,
+                      [&] { return plan_redistribute_for<B>(src, dst, o.plan); });
+  if (!plan) violation("plan_redistribute_for threw where plan_redistribute did not", ctx);
+  const bool within =
+      must_succeed("scratch_within_ends", ctx, [&] { return scratch_within_ends<B>(plain); });
+  if (*plan == plain) return;
+  if (within) violation("plan_redistribute_for replaced a plan within the ends", ctx);
+  if (!must_succeed("scratch_within_ends", ctx, [&] { return scratch_within_ends<B>(*plan); }))
+    violation("plan_redistribute_for returned another plan that is not within the ends",
+              fmt::format("{}\n{}", ctx, explain(*plan)));
+  Options own = o;
+  own.plan = plan->options();
+  check_plan(*plan, own, "for the backend", context);
+  if (src.mesh().size() > max_run_ranks || src.global_numel() > max_run_numel) return;
+  run_on_backend<SimulatedBackend>(*plan, "for the backend", context);
+  run_on_backend<PackingBackend>(*plan, "for the backend", context);
+}
+
 // Runs {src -> dst, dst -> src, src -> dst} as one batched plan on simulated ranks: every
 // tensor must reach its target, bytes as planned, each tensor's plan the one planned alone (with
 // no exchange from a Partial, which a batch's rounds do not run), and no more collectives than
@@ -434,6 +512,14 @@ bool plan_and_run(const Layout& src, const Layout& dst, const Options& o,
                           [&] { return plan_redistribute(src, dst, o.plan); })) {
     check_plan(*plan, o, "forward", context);
     ran = run_plan(*plan, "forward", context);
+    // Where the plan seeks the memory bound: it runs on a backend that packs with the scratch
+    // planned, and plan_redistribute_for finds one within the ends on each kind of backend.
+    if (o.plan.memory == Memory::bounded ||
+        (o.plan.memory == Memory::automatic && detail::seeks_bound(src, dst, o.plan))) {
+      if (ran) run_on_backend<PackingBackend>(*plan, "forward", context);
+      plan_for_backend<SimulatedBackend>(src, dst, *plan, o, context);
+      plan_for_backend<PackingBackend>(src, dst, *plan, o, context);
+    }
   }
   if (o.backward)
     if (auto plan =
