@@ -2479,32 +2479,42 @@ constexpr Placement replicate_or_shard(int choice) {
   return choice == 0 ? Placement::replicate() : Placement::shard(choice - 1);
 }
 
-// The Partials of `a` that `b` makes again (another op, or the same one where an exchange cannot
-// keep it: kept_partials), where an exchange leaves Replicate or some S(d) and the Partial is made
-// from it after: every combination of those choices (`choices`: the tensor's dims and one) while
-// there are at most 64, else Replicate on each.
-struct MadeAgain {
+// Every combination of Replicate or some S(d) (replicate_or_shard; `choices`: the tensor's dims
+// and one) on the mesh dims `dims`, while the combinations number at most `most`
+// (count_combos), else one: Replicate on each.
+struct DimChoices {
   int dims[max_mesh_dims] = {};
   int count = 0;
   int choices = 1;
   int combos = 1;
 
-  constexpr MadeAgain(const Placements& a, const Placements& b, int tensor_dims)
-      : choices(tensor_dims + 1) {
-    const unsigned kept = kept_partials(a, b);
-    for (int k = 0; k < static_cast<int>(a.size()); ++k)
-      if (a[k].is_partial() && b[k].is_partial() && (kept >> k & 1u) == 0) dims[count++] = k;
-    for (int i = 0; i < count && combos <= 64; ++i) combos *= choices;
-    if (combos > 64) combos = 1;
+  constexpr explicit DimChoices(int tensor_dims) : choices(tensor_dims + 1) {}
+  constexpr void add(int k) { dims[count++] = k; }
+  // Counts the combinations of the dims added.
+  constexpr void count_combos(int most) {
+    for (int i = 0; i < count && combos <= most; ++i) combos *= choices;
+    if (combos > most) combos = 1;
   }
-  // `b` with combination `combo`'s Replicate or S(d) on those dims.
-  [[nodiscard]] constexpr Placements toward(const Placements& b, int combo) const {
-    Placements t = b;
+  // `ps` with combination `combo`'s choices on those dims.
+  [[nodiscard]] constexpr Placements toward(const Placements& ps, int combo) const {
+    Placements t = ps;
     for (int i = 0, rest = combo; i < count; ++i, rest /= choices)
       t[dims[i]] = replicate_or_shard(rest % choices);
     return t;
   }
 };
+
+// The Partials of `a` that `b` makes again (another op, or the same one where an exchange cannot
+// keep it: kept_partials), where an exchange leaves Replicate or some S(d) and the Partial is made
+// from it after: every combination of those choices while there are at most 64.
+constexpr DimChoices made_again(const Placements& a, const Placements& b, int tensor_dims) {
+  DimChoices again(tensor_dims);
+  const unsigned kept = kept_partials(a, b);
+  for (int k = 0; k < static_cast<int>(a.size()); ++k)
+    if (a[k].is_partial() && b[k].is_partial() && (kept >> k & 1u) == 0) again.add(k);
+  again.count_combos(64);
+  return again;
+}
 
 // The exchange straight from placements `a` of src's tensor (the source's, or those some steps
 // left) toward placements `b` (reduce_exchange.hpp): `to` is `b` with `a`'s placements where `b`
@@ -2812,7 +2822,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   // cannot be kept: kept_partials), the exchange leaves Replicate or some S(d) there (every
   // combination while at most 64, else Replicate) and the Partial is made from it after.
   auto reducing = [&](const Transitions& lead, const Placements& start) {
-    const MadeAgain again(start, b, src.tensor_ndim());
+    const DimChoices again = made_again(start, b, src.tensor_ndim());
     // Under the time objective, not under Memory::bounded, only where a quarter or more of the
     // best plan's time is bandwidth: where latency rules, the exchange's two rounds and the fills
     // after it made no faster plan there (none of 195,000 on 2x4 and 2x2x2), at up to 50% more
@@ -3058,24 +3068,19 @@ constexpr void for_each_one_exchange_plan(const Layout& src, const Layout& dst, 
   unsigned partials = 0;
   for (int k = 0; k < static_cast<int>(a.size()); ++k)
     if (a[k].is_partial()) partials |= 1u << k;
-  const MadeAgain again(a, b, src.tensor_ndim());
+  const DimChoices again = made_again(a, b, src.tensor_ndim());
   // The mesh dims (of more than one rank) where dst makes a Partial the source does not hold,
-  // and every choice of what the exchange leaves there while the combinations number at most 64.
-  int made[max_mesh_dims] = {};
-  int num_made = 0;
+  // and every choice of what the exchange leaves there while the combinations (with again's)
+  // number at most 64, else the source's placement there.
+  DimChoices made(src.tensor_ndim());
   for (int k = 0; k < static_cast<int>(a.size()); ++k)
-    if (b[k].is_partial() && !a[k].is_partial() && src.mesh().size(k) > 1) made[num_made++] = k;
-  const int choices = src.tensor_ndim() + 1;
-  int made_combos = 1;
-  for (int i = 0; i < num_made && again.combos * made_combos <= 64; ++i) made_combos *= choices;
-  if (again.combos * made_combos > 64) made_combos = 1;
+    if (b[k].is_partial() && !a[k].is_partial() && src.mesh().size(k) > 1) made.add(k);
+  made.count_combos(64 / again.combos);
   const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
   for (int combo = 0; combo < again.combos; ++combo)
-    for (int m = 0; m < made_combos; ++m) {
+    for (int m = 0; m < made.combos; ++m) {
       Placements aim = again.toward(b, combo);
-      if (made_combos > 1)
-        for (int i = 0, rest = m; i < num_made; ++i, rest /= choices)
-          aim[made[i]] = replicate_or_shard(rest % choices);
+      if (made.combos > 1) aim = made.toward(aim, m);
       Placements to;
       Transitions make;
       // Else one that keeps every Partial of the source as it is.

@@ -134,15 +134,26 @@ template <class T>
 using RunOnRanks = void (*)(const Plan&, std::vector<std::vector<T>>& in,
                             std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured);
 
-// Runs the plan on host memory, on `world` (of the plan's mesh).
-template <class T>
+// Runs the plan on host memory, on `world` (of the plan's mesh), through backend B: the
+// simulated backend itself, or a backend constructed around it (a wrapper that changes what it
+// can do). `held` (where given, one entry per rank, mesh index order): the scratch each rank
+// held (ExecuteStats::scratch_peak_bytes).
+template <class T, class B = SimulatedBackend>
 void run_on_simulator(SimulatedWorld& world, const Plan& plan, std::vector<std::vector<T>>& in,
-                      std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured) {
+                      std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured,
+                      std::vector<std::int64_t>* held = nullptr) {
   const DeviceMesh& mesh = plan.src().mesh();
   world.reset_counters();
   world.run([&](SimulatedBackend& b) {
     const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
-    execute(plan, b, std::span<const T>(in[i]), std::span<T>(out[i]));
+    ExecuteStats stats;
+    if constexpr (std::is_same_v<B, SimulatedBackend>) {
+      execute(plan, b, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
+    } else {
+      B on(b);
+      execute(plan, on, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
+    }
+    if (held != nullptr) (*held)[i] = stats.scratch_peak_bytes;
   });
   for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
 }

@@ -409,19 +409,7 @@ void run_on_backend(const Plan& plan, std::string_view what, std::string_view co
       return detail::verify_typed<T>(
           plan, [&](const Plan& p, std::vector<std::vector<T>>& in,
                     std::vector<std::vector<T>>& out, std::vector<RankBytes>& measured) {
-            world.reset_counters();
-            world.run([&](SimulatedBackend& b) {
-              const auto i = static_cast<std::size_t>(mesh.index_of(b.rank()));
-              ExecuteStats stats;
-              if constexpr (std::is_same_v<B, SimulatedBackend>) {
-                execute(p, b, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
-              } else {
-                B on(b);
-                execute(p, on, std::span<const T>(in[i]), std::span<T>(out[i]), &stats);
-              }
-              held[i] = stats.scratch_peak_bytes;
-            });
-            for (int i = 0; i < mesh.size(); ++i) measured.push_back(world.bytes(mesh.rank_at(i)));
+            detail::run_on_simulator<T, B>(world, p, in, out, measured, &held);
           });
     });
   });
