@@ -2313,24 +2313,6 @@ constexpr double exchange_floor_us(const Layout& base, const Placements& mid, co
       .time_us(double(messages), double(missing) * double(base.elem_bytes()));
 }
 
-// Whether some mesh dim of the bit set `dims` has more than one rank.
-constexpr bool reduces_on_groups(const DeviceMesh& mesh, unsigned dims) noexcept {
-  for (int k = 0; k < mesh.ndim(); ++k)
-    if ((dims >> k & 1u) != 0 && mesh.size(k) > 1) return true;
-  return false;
-}
-
-// Whether an exchange from `mid` to `end` (neither reducing nor making a Partial) sends some
-// rank a message: where a mesh dim of more than one rank changes from a Shard, a member of its
-// group lacks a piece of its target block that another holds (the tensor not empty). An
-// exchange that only changes Replicate may move nothing (local chunks).
-constexpr bool sends_message(const Layout& base, const Placements& mid, const Placements& end) {
-  if (base.global_numel() == 0) return false;
-  for (int k = 0; k < static_cast<int>(mid.size()); ++k)
-    if (mid[k].is_shard() && !(mid[k] == end[k]) && base.mesh().size(k) > 1) return true;
-  return false;
-}
-
 // A floor under the time of the plan of the transitions `ts` (from `base`'s placements; they
 // make no Partial) followed by an exchange from `mid` to `end`: the transitions' latency floor
 // (latency_floor_us) and the exchange's on the rank at `probe` (exchange_floor_us). Lets
@@ -2350,7 +2332,6 @@ constexpr double exchange_plan_floor_us(const Layout& base, const Transitions& t
       base.global_numel() == 0)
     return us + exchange_floor_us(base, mid, end, probe, model);
   const LinkCost link = fastest_p2p_link(base.mesh(), model);
-  if (sends_message(base, mid, end) && us + link.latency_us > beat) return us + link.latency_us;
   const auto elem = static_cast<double>(base.elem_bytes());
   const Missing m = missing_at(base, mid, end, probe);
   if (m.elements > 0) {
@@ -2574,16 +2555,6 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
   for (int k = 0; k < static_cast<int>(a.size()) && num_reduced > 0; ++k)
     if (a[k].is_replicate() && !b[k].is_partial() && src.mesh().size(k) > 1)
       chunked[num_chunked++] = k;
-  // Under the time objective, where one point-to-point message on the fastest link takes longer
-  // than the plan to beat, no plan whose exchange sends a message can beat it: of the
-  // candidates below, only those that make no exchange step (a reduction as its collective) and
-  // the exchanges that may send none are tried: those into a Partial, and those where no Shard
-  // changes (sends_message); an exchange that reduces on a group of more than one rank sends
-  // messages. The plan to beat only gets faster.
-  const bool exchanges_lose = options.objective == Objective::time && beaten() != nullptr &&
-                              src.global_numel() > 0 &&
-                              fastest_p2p_link(src.mesh(), options.cost_model).latency_us >
-                                  plan_builder::time_to_beat(*beaten());
   const int choices = src.tensor_ndim() + 1;
   int combos = 1;
   for (int i = 0; i < num_reduced + num_made + num_chunked && combos <= 64; ++i) combos *= choices;
@@ -2692,7 +2663,6 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // dims from the intermediate's placement, on reduced dims from what the reduction left.
     append_made_partials(suffix, end, b);
     if (same_as != combo && last_change <= same_as) continue;
-    if (exchanges_lose && sends_message(src, mid, end)) continue;
     if (!transitions_valid(a, prefix) || !transitions_valid(end, suffix) || mid == end) continue;
     if (options.objective == Objective::time && beaten() != nullptr) {
       const double beat = plan_builder::time_to_beat(*beaten());
@@ -2743,9 +2713,6 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
       consider(ts);
       if (options.objective == Objective::time) return;
     }
-    // Reducing on a group of more than one rank, the exchange sends messages.
-    const unsigned dims = reduced_partials(start, to).dims;
-    if (exchanges_lose && reduces_on_groups(src.mesh(), dims)) return;
     Transitions chunks = lead;
     Placements chunked = start;
     for (int k = 0; k < static_cast<int>(a.size()); ++k)
@@ -2760,6 +2727,7 @@ constexpr void try_exchanges(const Layout& src, const Layout& dst, const PlanOpt
     // group's block (the probe where the bound says which is busiest, often not here), those of
     // its group's rounds, then its own second round exactly.
     const bool timed = options.objective == Objective::time && beaten() != nullptr;
+    const unsigned dims = reduced_partials(start, to).dims;
     // The lead's share: the probe's time in it (the exchange must beat what is left), its bytes.
     const double lead_us =
         timed && !lead.empty() ? probe_floor_us(src, lead, probe, options.cost_model) : 0;
