@@ -1,5 +1,5 @@
-// The case list that bench/plan_instructions and compare_plan_time read: one redistribution per
-// line on a stream, in dtensor-plan's spellings,
+// The case list that bench/plan_instructions, plan_signatures and compare_plan_time read: one
+// redistribution per line on a stream, in dtensor-plan's spellings,
 //   MESH SHAPE DTYPE FROM TO        e.g.  2x4 8x16 f32 S(0),R R,S(0)
 #pragma once
 
