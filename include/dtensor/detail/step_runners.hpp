@@ -43,6 +43,10 @@ struct StepContext {
   // only sizes are computed).
   std::byte* spare = nullptr;
   std::size_t spare_bytes = 0;
+  // The bytes of the buffer the step writes its block into, at its start, where that is the
+  // caller's target (run_plan); 0 otherwise. Past the block they hold nothing during the step
+  // (an exchange may stage there, exchange_way).
+  std::size_t out_bytes = 0;
   // Run in bands (band_rows): the rows of tensor dim 0 this call moves; every block and piece
   // of the step is cut to them.
   bool banded = false;
@@ -1359,7 +1363,8 @@ struct ExchangeWay : Staging {
   int bands = 1;
   bool strided = false;  // the link moves strided messages: pieces of runs of one stride in place
   // The staging that spare room does not take lies in this rank's largest own piece that is a
-  // slab of its target, `own_room_at` bytes into it (own pieces copied after the rounds).
+  // slab of its target, or in the buffer past its target (own_room_of), `own_room_at` bytes
+  // into the target (own pieces copied after the rounds).
   bool own_room = false;
   std::size_t own_room_at = 0;
 };
@@ -1412,10 +1417,48 @@ inline ExchangeWay exchange_pieces(const Plan& plan, const Step& step, const Mes
 struct StepBlocks {
   std::size_t blocks = 0, ends = 0;
 };
-inline StepBlocks step_blocks_at(const Plan& plan, const Step& step, const MeshCoord& c) {
+inline bool local_steps_in_place(const Plan& plan, std::size_t first, std::size_t last,
+                                 const MeshCoord& me);
+
+// Whether the block after `step` of `plan` can lie in the caller's target on the rank at `c`
+// over a link with abilities `a`, at its start, until the plan ends: it fits there, and every
+// step after it is local and runs in place there (as place_blocks runs their stages: one
+// identity or scale, a fill where the link fills in place, fused steps that move no element).
+inline bool block_after_in_target(const Plan& plan, const Step& step, const MeshCoord& c,
+                                  LinkAbilities a) {
+  const Layout& base = plan.src();
+  if (base.local_box(step.after, c).numel() > plan.dst().local_box(c).numel()) return false;
+  Stage stages[max_plan_steps];
+  const std::size_t n = stages_of(plan, stages);
+  bool after = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Stage& s = stages[i];
+    if (!after) {
+      after = s.first == s.last && plan[s.last].before == step.before &&
+              plan[s.last].after == step.after && plan[s.last].kind == step.kind;
+      continue;
+    }
+    if (s.first != s.last) {
+      if (!local_steps_in_place(plan, s.first, s.last, c)) return false;
+      continue;
+    }
+    const StepKind k = plan[s.last].kind;
+    if (!(k == StepKind::identity || k == StepKind::scale ||
+          (k == StepKind::fill && a.fills_in_place)))
+      return false;
+  }
+  return after;
+}
+
+// With `a`, the block after `step` counts nothing where it can lie in the target
+// (block_after_in_target).
+inline StepBlocks step_blocks_at(const Plan& plan, const Step& step, const MeshCoord& c,
+                                 const LinkAbilities* a = nullptr) {
   const Layout& base = plan.src();
   const auto elem = static_cast<std::size_t>(base.elem_bytes());
-  const bool first = step.before == base.placements(), last = step.after == plan.dst().placements();
+  const bool first = step.before == base.placements();
+  const bool last = step.after == plan.dst().placements() ||
+                    (a != nullptr && block_after_in_target(plan, step, c, *a));
   return {(first ? 0 : bytes_of(base.local_box(step.before, c), elem)) +
               (last ? 0 : bytes_of(base.local_box(step.after, c), elem)),
           std::max(bytes_of(base.local_box(c), elem), bytes_of(plan.dst().local_box(c), elem))};
@@ -1435,7 +1478,8 @@ struct OneRound {
 // rank sends a piece is one round. Every rank decides alike, from every rank's round: the
 // rounds meet the mesh.
 template <class OneRoundAt>
-std::vector<int> shifts_past_bound(const Plan& plan, const Step& step, OneRoundAt&& one_round) {
+std::vector<int> shifts_past_bound(const Plan& plan, const Step& step, OneRoundAt&& one_round,
+                                   const LinkAbilities* a = nullptr) {
   const DeviceMesh& mesh = plan.src().mesh();
   const int ranks = mesh.size();
   bool passes = false;
@@ -1443,7 +1487,7 @@ std::vector<int> shifts_past_bound(const Plan& plan, const Step& step, OneRoundA
   for (int r = 0; r < ranks; ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
     const OneRound round = one_round(c);
-    const StepBlocks x = step_blocks_at(plan, step, c);
+    const StepBlocks x = step_blocks_at(plan, step, c, a);
     passes =
         passes || (round.pieces.send + round.pieces.recv > 0 && x.blocks + round.staged > x.ends);
     for (const ExchangeWay::Piece& p : round.pieces.outgoing)
@@ -1473,11 +1517,14 @@ inline std::vector<int> exchange_shifts(const Plan& plan, const Step& step, Link
       plan.src().mesh().size() < 3 || exchange_reduces(step.before, step.after))
     return {};
   return round_shifts_memo<RoundsKey>().get(plan, step, RoundsKey{a, false}, [&] {
-    return shifts_past_bound(plan, step, [&](const MeshCoord& c) {
-      ExchangeWay w = exchange_pieces(plan, step, c, a.strided_exchange);
-      const std::size_t staged = w.send + w.recv;
-      return OneRound{staged, std::move(w)};
-    });
+    return shifts_past_bound(
+        plan, step,
+        [&](const MeshCoord& c) {
+          ExchangeWay w = exchange_pieces(plan, step, c, a.strided_exchange);
+          const std::size_t staged = w.send + w.recv;
+          return OneRound{staged, std::move(w)};
+        },
+        &a);
   });
 }
 
@@ -1569,18 +1616,25 @@ inline int most_bands(const ExchangeWay& w) {
   return static_cast<int>(std::min<std::int64_t>(most, std::numeric_limits<int>::max()));
 }
 
-// The largest of an exchange's own pieces (`w`) that is a slab of its target `want`: its bytes
-// and where it starts there (ExchangeWay::own_room).
+// The largest room of an exchange's pieces (`w`) in the buffer of its target `want` that no
+// piece it receives writes: one of its own pieces that is a slab of the target (copied after the
+// rounds), and where the target lies at the start of a buffer `tail` bytes longer, those bytes
+// too, alone or after an own slab that ends the target. Its bytes and where it starts there
+// (ExchangeWay::own_room).
 struct OwnRoom {
   std::size_t bytes = 0, at = 0;
 };
-inline OwnRoom own_room_of(const ExchangeWay& w, const Box& want, std::size_t elem) {
-  OwnRoom room;
+inline OwnRoom own_room_of(const ExchangeWay& w, const Box& want, std::size_t elem,
+                           std::size_t tail = 0) {
+  const std::size_t end = bytes_of(want, elem);
+  OwnRoom room{tail, end};
   for (const Box& piece : w.own)
-    if (const std::size_t bytes = bytes_of(piece, elem);
-        bytes > room.bytes && contiguous_in(piece, want))
-      room = {bytes, slab_offset(piece, want, elem)};
-  return room;
+    if (contiguous_in(piece, want)) {
+      const std::size_t at = slab_offset(piece, want, elem), bytes = bytes_of(piece, elem);
+      const std::size_t with_tail = at + bytes == end ? bytes + tail : bytes;
+      if (with_tail > room.bytes) room = {with_tail, at};
+    }
+  return room.bytes > 0 ? room : OwnRoom{};
 }
 
 // The most bands a round of an exchange takes (bands_within_bound): each is one more call, whose
@@ -1613,13 +1667,14 @@ struct RoundsAtRank {
 // every such rank within it where some number of bands can. `at(me)` is the rank at `me`'s
 // RoundsAtRank. Every rank decides alike: the parts of the rounds meet the mesh.
 template <class At>
-int bands_within_bound(const Plan& plan, const Step& step, At&& at) {
+int bands_within_bound(const Plan& plan, const Step& step, At&& at,
+                       const LinkAbilities* a = nullptr) {
   const DeviceMesh& mesh = plan.src().mesh();
   const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
   int bands = 1;
   for (int r = 0; r < mesh.size(); ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
-    const StepBlocks bound = step_blocks_at(plan, step, c);
+    const StepBlocks bound = step_blocks_at(plan, step, c, a);
     const RoundsAtRank x = at(c);
     if (bound.blocks + x.extra > bound.ends) continue;  // no room even for pieces in place
     const std::size_t room = bound.ends - bound.blocks;
@@ -1662,15 +1717,24 @@ inline int exchange_bands(const Plan& plan, const Step& step, LinkAbilities a) {
       .get(plan, step, BandsKey{a, false},
            [&] {
              const DeviceMesh& mesh = plan.src().mesh();
-             return std::vector<int>{bands_within_bound(plan, step, [&](const MeshCoord& c) {
-               RoundsAtRank x{exchange_pieces(plan, step, c, a.strided_exchange),
-                              plan.src().local_box(step.before, c),
-                              plan.src().local_box(step.after, c)};
-               const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
-               stage_in_rounds(x.pieces, shifts, mesh, c, elem);
-               x.inside = own_room_of(x.pieces, x.into, elem).bytes;
-               return x;
-             })};
+             return std::vector<int>{bands_within_bound(
+                 plan, step,
+                 [&](const MeshCoord& c) {
+                   RoundsAtRank x{exchange_pieces(plan, step, c, a.strided_exchange),
+                                  plan.src().local_box(step.before, c),
+                                  plan.src().local_box(step.after, c)};
+                   const auto elem = static_cast<std::size_t>(plan.src().elem_bytes());
+                   stage_in_rounds(x.pieces, shifts, mesh, c, elem);
+                   // Where the block can lie in the target, its room past the block too.
+                   const std::size_t block = bytes_of(x.into, elem),
+                                     target = bytes_of(plan.dst().local_box(c), elem);
+                   const std::size_t tail =
+                       target > block && block_after_in_target(plan, step, c, a) ? target - block
+                                                                                 : 0;
+                   x.inside = own_room_of(x.pieces, x.into, elem, tail).bytes;
+                   return x;
+                 },
+                 &a)};
            })
       .front();
 }
@@ -1685,9 +1749,12 @@ inline ExchangeWay exchange_way(const StepContext& c, LinkAbilities a) {
   w.use_spare(c.spare_bytes);
   // On a bounded plan, the region of the target that this rank's own piece fills is free until
   // that piece is copied: copied after the rounds, its largest slab of the target holds what
-  // staging it can (the pieces received go elsewhere in the target).
+  // staging it can (the pieces received go elsewhere in the target), and so does the caller's
+  // target past the block where the step writes its block at the target's start (out_bytes).
   if (!c.plan.memory_bounded() || w.allocated() == 0) return w;
-  const OwnRoom room = own_room_of(w, c.want, c.elem);
+  const std::size_t block = bytes_of(c.want, c.elem);
+  const OwnRoom room =
+      own_room_of(w, c.want, c.elem, !c.banded && c.out_bytes > block ? c.out_bytes - block : 0);
   const Staging in_own = w.with_spare(room.bytes);
   if (in_own.allocated() < w.allocated()) {
     w.send_spare = in_own.send_spare;
@@ -2537,6 +2604,13 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     };
     const std::size_t staging = staging_of(c);
     const std::size_t staging_writable = rounds ? staging_writable_of(c) : staging;
+    // Into the target (not in place): an exchange may stage past its block there (out_bytes).
+    const std::size_t block = bytes_of(c.want, elem);
+    StepContext into = c;
+    into.out_bytes = target;
+    const bool room_past = c.step.kind == StepKind::exchange && !fused && target > block;
+    const std::size_t staging_into = room_past ? staging_of(into) : staging;
+    const std::size_t staging_into_writable = room_past ? staging_into : staging_writable;
     const bool in_place = fused ? local_steps_in_place(plan, stage.first, stage.last, me)
                                 : rows == 0 && runs_in_place(c, a);
     const std::size_t staging_in_place = in_place ? step_staging(c, a, true) : 0;
@@ -2544,7 +2618,6 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
     const std::size_t staging_spare = staging_of(c);
     const std::size_t staging_spare_writable = rounds ? staging_writable_of(c) : staging_spare;
     const std::size_t staging_spare_in_place = in_place ? step_staging(c, a, true) : 0;
-    const std::size_t block = bytes_of(c.want, elem);
     const std::uint32_t bit = 1u << stage.last;
     State next[3] = {};
     auto consider = [&](int t, const State& from, std::size_t held, std::uint32_t reuse,
@@ -2567,7 +2640,7 @@ inline BlockPlacement place_blocks(const Plan& plan, const MeshCoord& me,
             states[s].held + (t == scratch ? block : 0) +
             (s == in_target ? t == in_target ? staging_in_place : staging_writable
              : t == scratch ? (w ? staging_spare_writable : staging_spare)
-                            : (w ? staging_writable : staging));
+                            : (w ? staging_into_writable : staging_into));
         consider(t, states[s], held, 0, 0, t == scratch ? block : 0);
       }
       // In place in the scratch of the block before (not the source: i > 0), the target spare.
@@ -2670,6 +2743,8 @@ Task<void> run_plan(const Plan& plan, L link, MeshCoord me, const std::byte* src
         c.spare = dst;
         c.spare_bytes = bytes_of(plan.dst().local_box(me), elem);
       }
+    } else {
+      c.out_bytes = bytes_of(plan.dst().local_box(me), elem);
     }
     std::size_t staged = 0;
     if (first != i) {  // fused local steps
