@@ -1247,6 +1247,59 @@ TEST_CASE("the latency floor that skips candidates is below the time of each of 
   CHECK(positive > 1000);
 }
 
+TEST_CASE("the floor under every plan's time is below the time of every plan built",
+          "[planner][bound]") {
+  // search_plan returns its first plan without a search where that plan moves the bound, has at
+  // most one communication step and takes plan_floor_us: the floor must never exceed the time
+  // of any plan from the same layouts. Checked on the planner's plan under both objectives and
+  // on every one-exchange plan, for every pair, even and uneven, with cheap and dear
+  // point-to-point messages, on meshes whose links are alike and on 2x2x2 with a slow outer
+  // link; and the first plan is returned at once often.
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
+                               Partial(ReduceOp::max)};
+  struct Case {
+    DeviceMesh mesh;
+    int ranks_per_node;
+  };
+  const Case cases[] = {{DeviceMesh({4}), 8},
+                        {DeviceMesh({2, 2}), 8},
+                        {DeviceMesh({2, 4}), 8},
+                        {DeviceMesh({2, 4}), 4},
+                        {DeviceMesh({2, 2, 2}), 2}};
+  int plans = 0, at_floor = 0;
+  for (const Case& c : cases)
+    for (const Shape& shape : {Shape{16, 8}, Shape{7, 10}, Shape{1, 3}})
+      for (const double p2p : {0.5, 2.0})
+        testing::for_each_pair(
+            c.mesh, options, [&](int, int, const Placements& a, const Placements& b) {
+              const Layout src(c.mesh, a, shape), dst(c.mesh, b, shape);
+              CostModel model = CostModel::defaults(c.mesh, c.ranks_per_node);
+              model.p2p_latency_factor = p2p;
+              const std::int64_t bound = lower_bound_bytes_recv_max(src, dst);
+              const double floor = detail::plan_floor_us(src, bound, model);
+              const auto check = [&](const Plan& plan) {
+                if (floor > plan.est_us() + 1e-9)
+                  FAIL_CHECK(fmt::format("{} {} -> {} on {}: floor {} us, plan {} us ({} steps)",
+                                         shape, a, b, c.mesh.shape(), floor, plan.est_us(),
+                                         plan.size()));
+                ++plans;
+              };
+              for (const Objective objective : {Objective::time, Objective::bytes}) {
+                PlanOptions o{.objective = objective};
+                o = o.with_cost_model(model);
+                const Plan plan = plan_redistribute(src, dst, o);
+                check(plan);
+                at_floor += plan.est_us() <= floor + 1e-9 ? 1 : 0;
+                if (objective == Objective::time)
+                  detail::for_each_one_exchange_plan(src, dst, o, {}, check);
+              }
+            });
+  // The sanitizer preset samples every exhaustive_stride()-th pair.
+  const int stride = testing::exhaustive_stride();
+  CHECK(plans > 50000 / stride);
+  CHECK(at_floor > 5000 / stride);
+}
+
 TEST_CASE("the order search's cut at a time to beat keeps every order that beats it", "[planner]") {
   // cheapest_order with `beat` stops orders already slower than it, and returns nothing where
   // every order is: then no order's plan is kept against that time; otherwise the same order

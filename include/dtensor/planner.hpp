@@ -2260,6 +2260,27 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
   return us;
 }
 
+// A floor under the time of every plan from `base` that moves `bound_bytes` (the lower bound):
+// some rank receives that many, each byte at best over the fastest link of a mesh dim of more
+// than one rank, and where that is any, in at least one message of the least latency (a
+// collective's or, where cheaper, a point-to-point one's). A plan's time is the sum of its
+// steps', each its slowest rank's, so at least that rank's. 0 where nothing must move, or where
+// no link has bandwidth.
+constexpr double plan_floor_us(const Layout& base, std::int64_t bound_bytes,
+                               const CostModel& model) {
+  if (bound_bytes <= 0) return 0;
+  const double factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
+  double latency = std::numeric_limits<double>::infinity(), gbs = 0;
+  for (int k = 0; k < base.mesh().ndim(); ++k) {
+    if (base.mesh().size(k) == 1) continue;
+    const LinkCost& link = model.dims[k];
+    latency = link.latency_us * factor < latency ? link.latency_us * factor : latency;
+    gbs = link.bandwidth_gbs > gbs ? link.bandwidth_gbs : gbs;
+  }
+  if (!(gbs > 0) || latency < 0) return 0;
+  return latency + static_cast<double>(bound_bytes) / (gbs * 1e3);
+}
+
 // The microseconds step `s` of `plan` spends on bytes over bandwidth: its busiest rank's
 // receives over its mesh dim's link (an exchange's over the slowest link); 0 for a local step.
 constexpr double step_bandwidth_us(const Plan& plan, const Step& s, const CostModel& model) {
@@ -3251,6 +3272,16 @@ constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions opt
     const std::int64_t kept =
         detail::bytes_mul(detail::kept_partial_elements(src, dst), src.elem_bytes());
     bound = kept > bound ? kept : bound;
+  }
+  // Where the first plan moves no more than the bound, takes no longer than any plan can
+  // (plan_floor_us) and has as few communication steps as any plan of that time (one where
+  // something must move, else none), no candidate is better (detail::better): it is the plan.
+  if (!above_bound() && best.communication_steps() <= (bound > 0 ? 1 : 0) &&
+      best.est_us() <= detail::plan_floor_us(src, bound, options.cost_model) + 1e-9) {
+    if (detoured != nullptr) *detoured = false;
+    detail::plan_builder::finish(best);
+    detail::plan_builder::set_lower_bound(best, bound);
+    return best;
   }
   // The plan candidates are costed against: the best so far, or the bar.
   auto beaten = [&] { return detail::plan_builder::incumbent(best, bar); };
