@@ -3195,13 +3195,25 @@ constexpr Plan plan_redistribute(const Layout& src, const Layout& dst, PlanOptio
 // Memory::bounded).
 // `memo` (where given) keeps the step costs over many ranks that the order searches work out
 // (order_step_cost), for this search and the caller's other one of the same pair.
+constexpr Plan search_changed(const Layout& src, const Layout& dst, const PlanOptions& options,
+                              bool exchange_from_partial, const Plan* bar, bool* detoured,
+                              OrderCostMemo* memo);
 constexpr Plan search_plan(const Layout& src, const Layout& dst, PlanOptions options,
                            bool exchange_from_partial, const Plan* bar, bool* detoured,
                            OrderCostMemo* memo) {
   if (!options.has_cost_model) options = options.with_cost_model(CostModel::defaults(src.mesh()));
+  if (src.placements() == dst.placements())
+    return detail::plan_builder::unchanged(src, dst, options);
+  return search_changed(src, dst, options, exchange_from_partial, bar, detoured, memo);
+}
+
+// search_plan where the placements differ and the options carry a cost model. Every return is
+// of `best`, which the caller's plan then is (no copy of a plan on the way out).
+constexpr Plan search_changed(const Layout& src, const Layout& dst, const PlanOptions& options,
+                              bool exchange_from_partial, const Plan* bar, bool* detoured,
+                              OrderCostMemo* memo) {
   const Placements& a = src.placements();
   const Placements& b = dst.placements();
-  if (a == b) return detail::plan_builder::unchanged(src, dst, options);
   const detail::Transitions greedy = detail::reductions_first(a, detail::greedy_transitions(a, b));
   // Without Partial, where the greedy plan gathers and chunks one mesh dim (S(i) -> R -> S(j)),
   // its all-to-all receives from each member, in the same message, the part of what the gather
