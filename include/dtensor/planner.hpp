@@ -2269,16 +2269,11 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
 constexpr double plan_floor_us(const Layout& base, std::int64_t bound_bytes,
                                const CostModel& model) {
   if (bound_bytes <= 0) return 0;
+  const LinkCost fastest = fastest_link(base.mesh(), model);
   const double factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
-  double latency = std::numeric_limits<double>::infinity(), gbs = 0;
-  for (int k = 0; k < base.mesh().ndim(); ++k) {
-    if (base.mesh().size(k) == 1) continue;
-    const LinkCost& link = model.dims[k];
-    latency = link.latency_us * factor < latency ? link.latency_us * factor : latency;
-    gbs = link.bandwidth_gbs > gbs ? link.bandwidth_gbs : gbs;
-  }
-  if (!(gbs > 0) || latency < 0) return 0;
-  return latency + static_cast<double>(bound_bytes) / (gbs * 1e3);
+  const LinkCost floor{fastest.latency_us * factor, fastest.bandwidth_gbs};
+  if (!(floor.bandwidth_gbs > 0) || floor.latency_us < 0) return 0;
+  return floor.time_us(1, static_cast<double>(bound_bytes));
 }
 
 // The microseconds step `s` of `plan` spends on bytes over bandwidth: its busiest rank's
