@@ -1413,9 +1413,11 @@ inline ExchangeWay exchange_pieces(const Plan& plan, const Step& step, const Mes
 
 // The memory bound of the rank at `c` on a step of `plan`: the larger of its source and target
 // blocks (`ends`, bytes), and what the blocks the step reads and writes hold of it (`blocks`;
-// the caller's source and target take none).
+// the caller's source and target take none), and whether the block the step writes lies in the
+// caller's target (`in_target`: the step ends the plan, or block_after_in_target).
 struct StepBlocks {
   std::size_t blocks = 0, ends = 0;
+  bool in_target = false;
 };
 inline bool local_steps_in_place(const Plan& plan, std::size_t first, std::size_t last,
                                  const MeshCoord& me);
@@ -1461,7 +1463,8 @@ inline StepBlocks step_blocks_at(const Plan& plan, const Step& step, const MeshC
                     (a != nullptr && block_after_in_target(plan, step, c, *a));
   return {(first ? 0 : bytes_of(base.local_box(step.before, c), elem)) +
               (last ? 0 : bytes_of(base.local_box(step.after, c), elem)),
-          std::max(bytes_of(base.local_box(c), elem), bytes_of(plan.dst().local_box(c), elem))};
+          std::max(bytes_of(base.local_box(c), elem), bytes_of(plan.dst().local_box(c), elem)),
+          last};
 }
 
 // What one round of an exchange stages on a rank (all of it), and the pieces that rounds would
@@ -1664,8 +1667,9 @@ struct RoundsAtRank {
 // The bands of each round of an exchange's pieces in rounds (ExchangeWay::bands): 1, or where
 // a rank's rounds stage past the larger of its source and target blocks (with the block the
 // step reads and the one it writes, as shifts_past_bound weighs them), the fewest that bring
-// every such rank within it where some number of bands can. `at(me)` is the rank at `me`'s
-// RoundsAtRank. Every rank decides alike: the parts of the rounds meet the mesh.
+// every such rank within it where some number of bands can. `at(me, blocks)` is the rank at
+// `me`'s RoundsAtRank, `blocks` its StepBlocks. Every rank decides alike: the parts of the rounds
+// meet the mesh.
 template <class At>
 int bands_within_bound(const Plan& plan, const Step& step, At&& at,
                        const LinkAbilities* a = nullptr) {
@@ -1675,7 +1679,7 @@ int bands_within_bound(const Plan& plan, const Step& step, At&& at,
   for (int r = 0; r < mesh.size(); ++r) {
     const MeshCoord c = mesh.coordinate_at(r);
     const StepBlocks bound = step_blocks_at(plan, step, c, a);
-    const RoundsAtRank x = at(c);
+    const RoundsAtRank x = at(c, bound);
     if (bound.blocks + x.extra > bound.ends) continue;  // no room even for pieces in place
     const std::size_t room = bound.ends - bound.blocks;
     auto staged = [&](int b) {
@@ -1719,7 +1723,7 @@ inline int exchange_bands(const Plan& plan, const Step& step, LinkAbilities a) {
              const DeviceMesh& mesh = plan.src().mesh();
              return std::vector<int>{bands_within_bound(
                  plan, step,
-                 [&](const MeshCoord& c) {
+                 [&](const MeshCoord& c, const StepBlocks& blocks) {
                    RoundsAtRank x{exchange_pieces(plan, step, c, a.strided_exchange),
                                   plan.src().local_box(step.before, c),
                                   plan.src().local_box(step.after, c)};
@@ -1728,9 +1732,7 @@ inline int exchange_bands(const Plan& plan, const Step& step, LinkAbilities a) {
                    // Where the block can lie in the target, its room past the block too.
                    const std::size_t block = bytes_of(x.into, elem),
                                      target = bytes_of(plan.dst().local_box(c), elem);
-                   const std::size_t tail =
-                       target > block && block_after_in_target(plan, step, c, a) ? target - block
-                                                                                 : 0;
+                   const std::size_t tail = target > block && blocks.in_target ? target - block : 0;
                    x.inside = own_room_of(x.pieces, x.into, elem, tail).bytes;
                    return x;
                  },
@@ -2125,13 +2127,14 @@ inline int delivery_bands(const StepContext& c, LinkAbilities a) {
   return round_shifts_memo<BandsKey>()
       .get(c.plan, c.step, BandsKey{a, true},
            [&] {
-             return std::vector<int>{bands_within_bound(c.plan, c.step, [&](const MeshCoord& me) {
-               const StepContext r = at_rank(c, me);
-               ReducingExchangeWay w = reducing_exchange_pieces(r, a);
-               stage_in_rounds(w.deliver, shifts, c.plan.src().mesh(), me, c.elem);
-               return RoundsAtRank{std::move(w.deliver), w.reduced_box, r.want, w.first_round_rest,
-                                   w.recv};
-             })};
+             return std::vector<int>{
+                 bands_within_bound(c.plan, c.step, [&](const MeshCoord& me, const StepBlocks&) {
+                   const StepContext r = at_rank(c, me);
+                   ReducingExchangeWay w = reducing_exchange_pieces(r, a);
+                   stage_in_rounds(w.deliver, shifts, c.plan.src().mesh(), me, c.elem);
+                   return RoundsAtRank{std::move(w.deliver), w.reduced_box, r.want,
+                                       w.first_round_rest, w.recv};
+                 })};
            })
       .front();
 }
