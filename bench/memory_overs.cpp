@@ -1,8 +1,9 @@
 // How many plans hold more scratch than the larger of a rank's source and target blocks
 // (issue 5's bound), over every pair of placements drawn from {R, S(0), S(1), P(sum), P(max)} on
-// one mesh, f32, at the shapes given: docs/execution.md's counts on 2x2x2, 3x2x2 and 2x2x2x2.
+// one mesh, of one dtype (f32 by default), at the shapes given: docs/execution.md's counts on
+// 2x2x2, 3x2x2 and 2x2x2x2.
 //
-//   memory_overs [--mesh 2x2x2] [--stride N] [--bounded] [--bytes] SHAPE...
+//   memory_overs [--mesh 2x2x2] [--dtype f32] [--stride N] [--bounded] [--bytes] SHAPE...
 //
 // For each shape and in all, it prints the pairs and how many are over on a backend that moves
 // strided pieces where they lie (MPI, the simulator) and on one that packs them (NCCL), for
@@ -53,6 +54,7 @@ struct Overs {
 
 int run(int argc, char** argv) {
   DeviceMesh mesh = parse_mesh("2x2x2");
+  DType dtype = DType::f32;
   int stride = 1;
   PlanOptions options;
   std::vector<Shape> shapes;
@@ -60,6 +62,8 @@ int run(int argc, char** argv) {
     const std::string_view arg = argv[i];
     if (arg == "--mesh" && i + 1 < argc) {
       mesh = parse_mesh(argv[++i]);
+    } else if (arg == "--dtype" && i + 1 < argc) {
+      dtype = parse_dtype(argv[++i]);
     } else if (arg == "--stride" && i + 1 < argc) {
       stride = std::stoi(argv[++i]);
       if (stride < 1) throw std::invalid_argument(fmt::format("--stride {}: not positive", stride));
@@ -75,7 +79,8 @@ int run(int argc, char** argv) {
   }
   if (shapes.empty())
     throw std::invalid_argument(
-        "no shape: memory_overs [--mesh 2x2x2] [--stride N] [--bounded] [--bytes] SHAPE...");
+        "no shape: memory_overs [--mesh 2x2x2] [--dtype f32] [--stride N] [--bounded] [--bytes] "
+        "SHAPE...");
   const std::array<Placement, 5> choices = {Placement::replicate(), Placement::shard(0),
                                             Placement::shard(1), Placement::partial(ReduceOp::sum),
                                             Placement::partial(ReduceOp::max)};
@@ -85,7 +90,7 @@ int run(int argc, char** argv) {
     testing::for_each_pair(
         mesh, choices,
         [&](int, int, const Placements& a, const Placements& b) {
-          const Layout src(mesh, a, shape, DType::f32), dst(mesh, b, shape, DType::f32);
+          const Layout src(mesh, a, shape, dtype), dst(mesh, b, shape, dtype);
           const Plan plan = plan_redistribute(src, dst, options);
           ++at.pairs;
           at.over[0][0] += scratch_within_ends<SimulatedBackend>(plan) ? 0 : 1;
@@ -100,7 +105,7 @@ int run(int argc, char** argv) {
                                : 1;
         },
         stride);
-    at.print(fmt::format("{} {}", mesh, shape));
+    at.print(fmt::format("{} {} {}", mesh, shape, dtype));
     all.add(at);
   }
   if (shapes.size() > 1) all.print("all");
