@@ -1646,6 +1646,76 @@ TEST_CASE("plan_redistribute_for plans within the ends on the backend it is for"
   }
 }
 
+TEST_CASE("in bf16 plan_redistribute_for plans within the ends as in f32", "[execute][memory]") {
+  // A bf16 (or f16) sum folds its parts in float all at once, so an uneven reduce-scatter of it,
+  // and the first round of an exchange from a Partial of it, stage every part in one round
+  // where f32 folds them in rounds: under the bytes objective (S(1), P) -> (R, S(1)) on 2x4 of
+  // 7x10 is one exchange from the Partial holding 84 B where the larger end is 70 B. Planned for
+  // the backend, another of the bounded candidates holds the bound (the time objective's
+  // all-reduce and exchange, 70 B). Every matrix pair on 2x4 and 4x2 at 8x16 and 7x10, under the
+  // time objective: within the ends on both kinds of backend; the plans for a backend that
+  // differ from the bounded search's own, run on both kinds, hold what was planned and reach the
+  // target.
+  const PlanOptions fewest{.objective = Objective::bytes, .memory = Memory::bounded};
+  const DeviceMesh wide({2, 4});
+  const Layout partial(wide, parse_placements("S(1),P(sum)"), {7, 10}, DType::bf16);
+  const Layout gathered(wide, parse_placements("R,S(1)"), {7, 10}, DType::bf16);
+  const Plan own = plan_redistribute(partial, gathered, fewest);
+  INFO(explain(own));
+  REQUIRE(own.size() == 1);
+  CHECK(own[0].kind == StepKind::exchange);
+  CHECK(workspace_bytes<SimulatedBackend>(own) == 84);
+  CHECK_FALSE(scratch_within_ends<SimulatedBackend>(own));
+  const Plan strided = plan_redistribute_for<SimulatedBackend>(partial, gathered, fewest);
+  INFO(explain(strided));
+  CHECK(strided.size() == 2);
+  CHECK(workspace_bytes<SimulatedBackend>(strided) == 70);
+  CHECK(strided.memory_bounded());
+  check_within_ends(run_strided_and_packed(strided).first, partial, gathered);
+  CHECK(verified_on(strided).verified);
+
+  const PlanOptions bounded{.memory = Memory::bounded};
+
+  const Placement each[] = {Placement::replicate(), Placement::shard(0), Placement::shard(1),
+                            Placement::partial(ReduceOp::sum), Placement::partial(ReduceOp::max)};
+  // Every exhaustive_stride()-th pair (the sanitizer preset samples): the counts need them all.
+  const bool every_pair = testing::exhaustive_stride() == 1;
+  int over[2] = {}, ran = 0, pairs = 0;  // the bounded search's own plans over: [packing]
+  for (const char* m : {"2x4", "4x2"}) {
+    const DeviceMesh grid = parse_mesh(m);
+    for (const Shape& shape : {Shape{8, 16}, Shape{7, 10}})
+      testing::for_each_pair(
+          grid, each, [&](int, int, const Placements& from, const Placements& to) {
+            const Layout a(grid, from, shape, DType::bf16);
+            const Layout b(grid, to, shape, DType::bf16);
+            const Plan plain = plan_redistribute(a, b, bounded);
+            const Plan packs = plan_redistribute_for<PackingBackend>(a, b, bounded);
+            const Plan lies = plan_redistribute_for<SimulatedBackend>(a, b, bounded);
+            over[0] += scratch_within_ends<SimulatedBackend>(plain) ? 0 : 1;
+            over[1] += scratch_within_ends<PackingBackend>(plain) ? 0 : 1;
+            ++pairs;
+            INFO(explain(packs));
+            INFO(explain(lies));
+            CHECK(scratch_within_ends<PackingBackend>(packs));
+            CHECK(scratch_within_ends<SimulatedBackend>(lies));
+            for (const auto& [p, packing] : {std::pair{&packs, true}, std::pair{&lies, false}}) {
+              if (*p == plain) continue;
+              CHECK(p->memory_bounded());
+              const auto runs = run_strided_and_packed(*p);
+              check_within_ends(packing ? runs.second : runs.first, a, b);
+              CHECK(verified_on(*p).verified);
+              ++ran;
+            }
+          });
+  }
+  if (every_pair) {
+    CHECK(pairs == 2'500);
+    CHECK(over[0] == 5);   // 1 on 2x4, 4 on 4x2 (4 in f32, all on 4x2)
+    CHECK(over[1] == 63);  // 31 and 32 (18 and 14 in f32)
+    CHECK(ran == 68);      // each plan over on a kind of backend, replaced for it
+  }
+}
+
 TEST_CASE("an exchange on a backend that packs stages in the target past its block",
           "[execute][memory]") {
   // On 2x2x2x2, 7x10 f32: the all-reduce's block is in scratch and the exchange writes its block
