@@ -1689,16 +1689,17 @@ TEST_CASE("in bf16 plan_redistribute_for plans within the ends as in f32", "[exe
             const Layout a(grid, from, shape, DType::bf16);
             const Layout b(grid, to, shape, DType::bf16);
             const Plan plain = plan_redistribute(a, b, bounded);
-            const Plan packs = plan_redistribute_for<PackingBackend>(a, b, bounded);
-            const Plan lies = plan_redistribute_for<SimulatedBackend>(a, b, bounded);
+            const Plan for_packing = plan_redistribute_for<PackingBackend>(a, b, bounded);
+            const Plan for_strided = plan_redistribute_for<SimulatedBackend>(a, b, bounded);
             over[0] += scratch_within_ends<SimulatedBackend>(plain) ? 0 : 1;
             over[1] += scratch_within_ends<PackingBackend>(plain) ? 0 : 1;
             ++pairs;
-            INFO(explain(packs));
-            INFO(explain(lies));
-            CHECK(scratch_within_ends<PackingBackend>(packs));
-            CHECK(scratch_within_ends<SimulatedBackend>(lies));
-            for (const auto& [p, packing] : {std::pair{&packs, true}, std::pair{&lies, false}}) {
+            INFO(explain(for_packing));
+            INFO(explain(for_strided));
+            CHECK(scratch_within_ends<PackingBackend>(for_packing));
+            CHECK(scratch_within_ends<SimulatedBackend>(for_strided));
+            for (const auto& [p, packing] :
+                 {std::pair{&for_packing, true}, std::pair{&for_strided, false}}) {
               if (*p == plain) continue;
               CHECK(p->memory_bounded());
               const auto runs = run_strided_and_packed(*p);
