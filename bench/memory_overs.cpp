@@ -15,7 +15,7 @@
 #include <dtensor/execute.hpp>
 #include <dtensor/parse.hpp>
 
-#include "forwarding_backend.hpp"
+#include "packing_backend.hpp"
 #include "placement_pairs.hpp"
 
 #include <fmt/core.h>
@@ -32,8 +32,7 @@ namespace {
 
 using namespace dtensor;
 
-// A backend without StridedAllToAll or StridedAllGather: it packs every strided piece.
-using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+using testing::PackingBackend;
 
 struct Overs {
   long pairs = 0;

@@ -4,6 +4,7 @@
 #include <dtensor/verify.hpp>
 
 #include "forwarding_backend.hpp"
+#include "packing_backend.hpp"
 #include "random_redistribution.hpp"
 #include "simulated_worlds.hpp"
 
@@ -38,7 +39,7 @@ std::int64_t alone(const Redistribution& r) {
   return v.collectives;
 }
 
-using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+using testing::PackingBackend;
 // Reduce-scatters and all-reduces of 256 bytes and up by messages (MpiBackend from 1 MiB).
 using MessageScatterBackend = testing::MessageReducingBackend<SimulatedBackend>;
 using BatchedMessageScatterBackend = testing::BatchedMessageReducingBackend<SimulatedBackend>;

@@ -9,6 +9,7 @@
 #include <dtensor/verify.hpp>
 
 #include "forwarding_backend.hpp"
+#include "packing_backend.hpp"
 #include "placement_pairs.hpp"
 #include "simulated_worlds.hpp"
 
@@ -468,10 +469,7 @@ TEST_CASE("adjoint plans are transposes: <A x, y> = <x, A^T y>", "[execute][adjo
 
 namespace {
 
-// SimulatedBackend without all_to_all_strided and all_gather_strided: the executor packs an
-// all-to-all's pieces before sending them and unpacks an all-gather's, as on any backend that
-// is neither StridedAllToAll nor StridedAllGather.
-using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+using testing::PackingBackend;
 static_assert(StridedAllToAll<SimulatedBackend> && StridedAllGather<SimulatedBackend>);
 static_assert(Backend<PackingBackend> && !StridedAllToAll<PackingBackend> &&
               !StridedAllGather<PackingBackend>);

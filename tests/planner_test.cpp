@@ -1247,6 +1247,64 @@ TEST_CASE("the latency floor that skips candidates is below the time of each of 
   CHECK(positive > 1000);
 }
 
+TEST_CASE("where no order of greedy's transitions can pay the plan beats every order",
+          "[planner][bound]") {
+  // search_changed searches no other order of greedy's transitions, nor their reduce-scatters
+  // split or their reductions scattered, once an order of them is at the bound and
+  // detail::order_cannot_pay holds: every order of those families, built, must then be no
+  // better than the plan. Every pair, on even and uneven tensors, with links alike, with a
+  // slower outer latency at one bandwidth (which the predicate admits) and with a slower outer
+  // bandwidth (which it does not).
+  const Placement options[] = {Replicate(), Shard(0), Shard(1), Partial(ReduceOp::sum),
+                               Partial(ReduceOp::max)};
+  const DeviceMesh meshes[] = {DeviceMesh({2, 2}), DeviceMesh({2, 4}), DeviceMesh({4, 2}),
+                               DeviceMesh({2, 2, 2})};
+  const Shape shapes[] = {{8, 16}, {16, 8}, {7, 10}};
+  int settled = 0, orders = 0;
+  for (const DeviceMesh& m : meshes)
+    for (const int slow_outer : {0, 1, 2})
+      for (const Shape& shape : shapes)
+        testing::for_each_pair(m, options, [&](int, int, const Placements& a, const Placements& b) {
+          const Layout src(m, a, shape, DType::f32), dst(m, b, shape, DType::f32);
+          CostModel model = CostModel::defaults(m);
+          if (slow_outer == 1) model.dims[0].latency_us = 8.0;
+          if (slow_outer == 2) model.dims[0] = network_like;
+          const PlanOptions o = PlanOptions{}.with_cost_model(model);
+          const detail::Transitions greedy =
+              detail::reductions_first(a, detail::greedy_transitions(a, b));
+          if (a == b || !detail::order_cannot_pay(src, greedy, model)) return;
+          ++settled;
+          const Plan plan = plan_redistribute(src, dst, o);
+          std::vector<detail::Transitions> families = {greedy,
+                                                       detail::split_reduce_scatters(greedy)};
+          for (int d = 0; d < src.tensor_ndim(); ++d) {
+            const int dims[max_mesh_dims] = {d, d, d, d, d, d, d, d};
+            families.push_back(detail::scatter_reductions(greedy, dims));
+          }
+          for (const detail::Transitions& ts : families) {
+            std::vector<int> order(ts.size());
+            for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+            do {
+              detail::Transitions permuted;
+              for (const int i : order) permuted.push_back(ts[static_cast<std::size_t>(i)]);
+              const Plan built = detail::plan_builder::build(src, dst, permuted, o);
+              if (detail::plan_builder::pruned(built)) continue;
+              ++orders;
+              if (detail::better(built, plan, Objective::time))
+                FAIL_CHECK(
+                    fmt::format("{} {} -> {} on {}: {} steps in {} us beat the plan's {} "
+                                "in {} us",
+                                shape, a, b, m.shape(), built.size(), built.est_us(), plan.size(),
+                                plan.est_us()));
+            } while (std::next_permutation(order.begin(), order.end()));
+          }
+        });
+  if (testing::exhaustive_stride() == 1) {
+    CHECK(settled > 1000);
+    CHECK(orders > 10000);
+  }
+}
+
 TEST_CASE("the floor under every plan's time is below the time of every plan built",
           "[planner][bound]") {
   // search_plan returns its first plan without a search where that plan moves the bound, has at

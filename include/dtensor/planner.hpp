@@ -1082,6 +1082,31 @@ constexpr bool divides_everywhere(const Layout& base) noexcept {
   return std::ranges::all_of(base.global_shape(), [&](std::int64_t n) { return n % ranks == 0; });
 }
 
+// Whether no order of the transitions `ts` from `base` makes a plan faster than one of its orders
+// that moves no more than the lower bound: the tensor is not empty and each of its dims divides
+// by the mesh's ranks (every layout on the way is even, so each collective pays g-1 messages,
+// an all-reduce 2(g-1), whatever its block), no two transitions share a mesh dim (no order
+// merges two into an all-to-all), and the mesh dims where they move data share one bandwidth.
+// Every order's time is then the same latency plus its bytes, each at least the bound, over that
+// bandwidth; a tie in time has as many steps and no fewer bytes (detail::better).
+constexpr bool order_cannot_pay(const Layout& base, const Transitions& ts, const CostModel& model) {
+  if (base.global_numel() == 0 || !divides_everywhere(base)) return false;
+  const DeviceMesh& mesh = base.mesh();
+  unsigned dims = 0;
+  double gbs = -1;
+  for (const Transition& t : ts) {
+    if ((dims >> t.mesh_dim & 1u) != 0) return false;
+    dims |= 1u << t.mesh_dim;
+    const bool moves =
+        (t.from.is_partial() && t.to.is_partial()) || moves_data(step_kind(t.from, t.to));
+    if (!moves || mesh.size(t.mesh_dim) == 1) continue;
+    const double link = model.dims[static_cast<std::size_t>(t.mesh_dim)].bandwidth_gbs;
+    if (gbs >= 0 && !(link == gbs)) return false;
+    gbs = link;
+  }
+  return true;
+}
+
 // How many placement lists cheapest_chain searches at most: 6 letters on 4 mesh dims (a 3-D
 // tensor with a Partial op besides P(sum)), 10 on 3.
 inline constexpr int max_chain_states = 1296;
@@ -2240,7 +2265,7 @@ constexpr double latency_floor_us(const Layout& base, const Transitions& ts,
                                   const CostModel& model) {
   if (base.global_numel() == 0) return 0;
   const DeviceMesh& mesh = base.mesh();
-  const double collective_factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
+  const double collective_factor = least_latency_factor(model);
   bool even = true;
   for (const std::int64_t n : base.global_shape()) even = even && n % mesh.size() == 0;
   double us = 0;
@@ -2270,7 +2295,7 @@ constexpr double plan_floor_us(const Layout& base, std::int64_t bound_bytes,
                                const CostModel& model) {
   if (bound_bytes <= 0) return 0;
   const LinkCost fastest = fastest_link(base.mesh(), model);
-  const double factor = model.p2p_latency_factor < 1 ? model.p2p_latency_factor : 1;
+  const double factor = least_latency_factor(model);
   const LinkCost floor{fastest.latency_us * factor, fastest.bandwidth_gbs};
   if (!(floor.bandwidth_gbs > 0) || floor.latency_us < 0) return 0;
   return floor.time_us(1, static_cast<double>(bound_bytes));
@@ -3359,12 +3384,24 @@ constexpr Plan search_changed(const Layout& src, const Layout& dst, const PlanOp
   // bytes in any order, but not over the same links. (S(1), S(0)) -> (R, R) of 16 MiB on 2x8
   // gathers over mesh dim 0 first, a sixteenth of the block over the slow link where seed 004's
   // order gathers half of it there, 94 against 233 us by the default model.
-  if (above_bound() || options.objective == Objective::time) {
+  // Where no order of greedy's transitions can be faster than another at the bound
+  // (detail::order_cannot_pay; no two share a mesh dim, so none merge into an all-to-all), the
+  // best plan stays one of their orders until the candidates below, and once it is at the bound
+  // no other order is searched for. Nor, then, greedy's reduce-scatters split into all-reduce and
+  // chunk (twice the reduce-scatter's messages, as many communication steps) or its reductions
+  // scattered and gathered last (further below: a reduce-scatter and an all-gather pay the
+  // all-reduce's messages, in one more step): their orders pay at least greedy's latency, the
+  // bound's bytes make them no faster, and a tie in time has more steps or no fewer bytes.
+  const bool greedy_orders =
+      !all_to_all_first && detail::order_cannot_pay(src, greedy, options.cost_model);
+  bool greedy_settled = greedy_orders && !above_bound();
+  if (!greedy_settled && (above_bound() || options.objective == Objective::time)) {
     const detail::Transitions ordered =
         detail::cheapest_order(src, greedy, options, std::numeric_limits<double>::infinity(), memo);
     if (!(ordered == greedy)) consider_order(ordered);
+    greedy_settled = greedy_orders && !above_bound();
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
-    if (split.size() != greedy.size()) consider_cheapest_order(split);
+    if (!greedy_settled && split.size() != greedy.size()) consider_cheapest_order(split);
   }
   if (detail::mixed_partials(a, b)) consider(detail::reduce_all_first(a, b));
   // One transition merges with none; the all-to-all built first is that of greedy.
@@ -3423,7 +3460,7 @@ constexpr Plan search_changed(const Layout& src, const Layout& dst, const PlanOp
   // collectives below that reach it too, e.g. (P, P) -> (R, R) on 4x3, so they run (their
   // latency floor prunes them where they cannot win).
   const bool timed = options.objective == Objective::time;
-  if (above_bound() || timed) {
+  if (!greedy_settled && (above_bound() || timed)) {
     // Several reductions to Replicate: reduce-scatter them all, gather back at the end, over
     // every choice of the scattered tensor dims (at most 16 choices).
     int reductions = 0, collectives = 0;

@@ -23,7 +23,7 @@
 #include <dtensor/dtensor.hpp>
 #include <dtensor/verify.hpp>
 
-#include "../forwarding_backend.hpp"
+#include "../packing_backend.hpp"
 #include "../simulated_worlds.hpp"
 
 #include <fmt/core.h>
@@ -389,9 +389,7 @@ void check_plan(const Plan& plan, const Options& o, std::string_view what,
   must_succeed("explain", ctx, [&] { return explain(plan); });
 }
 
-// A backend without strided all-to-alls and all-gathers, which packs strided pieces as NCCL
-// does (the simulator moves them where they lie, as MPI does).
-using PackingBackend = testing::ForwardingBackend<SimulatedBackend>;
+using testing::PackingBackend;
 
 // Runs a small plan on simulated ranks through backend kind B: every rank must hold its target
 // block, bytes as planned, and the scratch it held must be what workspace_bytes<B> plans for it.

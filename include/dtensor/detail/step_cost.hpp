@@ -435,6 +435,12 @@ constexpr LinkCost fastest_p2p_link(const DeviceMesh& mesh, const CostModel& cos
   return {fastest.latency_us * cost.p2p_latency_factor, fastest.bandwidth_gbs};
 }
 
+// The least multiple of a link's latency that any message pays: 1 in a collective, the model's
+// p2p_latency_factor in a point-to-point round, whichever is less.
+constexpr double least_latency_factor(const CostModel& cost) noexcept {
+  return cost.p2p_latency_factor < 1 ? cost.p2p_latency_factor : 1;
+}
+
 // The receives of the rank at `receiver` in an exchange into a Partial, given the boxes it
 // receives (owned_part): one message per source block that meets one, priced by the link of the
 // outermost mesh dim where the source's coordinates differ from its own. f(source, piece) sees
