@@ -968,13 +968,15 @@ constexpr double order_step_cost(const Layout& base, const Placements& before,
 // with_all_to_all), orders already slower than `beat` go no further, and where every order
 // is, returns no transitions (`Cut`: the search's detours, where sums pass `beat` often enough
 // to repay the test; elsewhere it costs more than it saves). `memo`, where given, keeps the
-// step costs over many ranks across the order searches of one plan (order_step_cost).
+// step costs over many ranks across the order searches of one plan (order_step_cost). `own`,
+// where given, is the summed step cost of `ts` in its own order (the time of the caller's plan
+// of it where every layout is even, plan_builder::cost_even), not costed again for two items.
 inline constexpr int max_ordered_transitions = 8;
 template <bool Cut = false>
 constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
                                      const PlanOptions& o,
                                      double beat = std::numeric_limits<double>::infinity(),
-                                     OrderCostMemo* memo = nullptr) {
+                                     OrderCostMemo* memo = nullptr, const double* own = nullptr) {
   const int t = static_cast<int>(ts.size());
   if (t < 2 || t > max_ordered_transitions) return ts;
   constexpr int states = 1 << max_ordered_transitions;
@@ -995,6 +997,31 @@ constexpr Transitions cheapest_order(const Layout& base, const Transitions& ts,
   bool forced = true;
   for (int i = 0; i < t && forced; ++i) forced = before_mask[i] == (1u << i) - 1;
   if (forced) return ts;
+  // Two items: their two orders costed directly, as the program below finds them (the second
+  // only where it costs less).
+  if constexpr (!Cut)
+    if (t == 2) {
+      const auto order_cost = [&](int x, int y) {
+        const Transition& tx = ts[x];
+        const Transition& ty = ts[y];
+        if (before_mask[x] != 0 || (before_mask[y] & ~(1u << x)) != 0) return unreached;
+        const Placements& state = base.placements();
+        if (!(state[tx.mesh_dim] == tx.from) || !transition_valid_to(tx.mesh_dim, state, tx.to))
+          return unreached;
+        Placements next = state;
+        next[tx.mesh_dim] = tx.to;
+        if (!(next[ty.mesh_dim] == ty.from) || !transition_valid_to(ty.mesh_dim, next, ty.to))
+          return unreached;
+        if (x == 0 && own != nullptr) return *own;
+        const double first = order_step_cost(base, state, next, tx.mesh_dim, o, memo);
+        Placements after = next;
+        after[ty.mesh_dim] = ty.to;
+        return first + order_step_cost(base, next, after, ty.mesh_dim, o, memo);
+      };
+      const double kept = order_cost(0, 1), swapped = order_cost(1, 0);
+      if (swapped < kept && swapped < unreached) return Transitions{ts[1], ts[0]};
+      return ts;
+    }
   // Where an item needs itself (a Partial made on a mesh dim that reduces one later, as in
   // detours through P(sum)), there is none.
   if constexpr (Cut)
@@ -2152,6 +2179,8 @@ struct plan_builder {
   }
 
   static constexpr bool pruned(const Plan& plan) noexcept { return plan.pruned_; }
+  // Whether every layout the plan passes through is even (where it was costed).
+  static constexpr bool even(const Plan& plan) noexcept { return plan.even_; }
   static constexpr bool fits(const Plan& plan) noexcept { return plan.fits_; }
   // The plan a candidate must beat to be costed to the end: none while the best so far is no
   // plan (pruned) or breaks the memory bound (then any plan within it is better, however slow).
@@ -2958,6 +2987,13 @@ constexpr LowerBound lower_bound(const Layout& src, const Layout& dst) {
   bool reduces = false;
   for (int k = 0; k < mesh.ndim(); ++k)
     reduces = reduces || reduces_partial(src.placement(k), dst.placement(k), mesh.size(k));
+  // Where every layout is even, a reduction's count (reduction_elements, where it counts) is at
+  // least the origin's (lower_bound_elements): (G-1) N / ranks for the share, and for the target
+  // block's N R / ranks its G + R - 2 (R >= 2) or G - classes (R = 1) per element, with G >= 2.
+  if (reduces && divides_everywhere(src)) {
+    out.elements = reduction_elements(src, dst);
+    if (out.elements > 0) return out;
+  }
   // Between even layouts where, along every tensor dim, one side's cuts are the first of the
   // other's, one side's piece holds the other's on every rank: what a rank lacks is the same on
   // every rank.
@@ -3396,8 +3432,14 @@ constexpr Plan search_changed(const Layout& src, const Layout& dst, const PlanOp
       !all_to_all_first && detail::order_cannot_pay(src, greedy, options.cost_model);
   bool greedy_settled = greedy_orders && !above_bound();
   if (!greedy_settled && (above_bound() || options.objective == Objective::time)) {
+    // The first plan's time is greedy's order's summed step cost where it is greedy's plan, every
+    // layout even (the steps costed as the order search costs them) and time the objective.
+    const double own = best.est_us();
+    const bool own_known =
+        greedy_built && options.objective == Objective::time && detail::plan_builder::even(best);
     const detail::Transitions ordered =
-        detail::cheapest_order(src, greedy, options, std::numeric_limits<double>::infinity(), memo);
+        detail::cheapest_order(src, greedy, options, std::numeric_limits<double>::infinity(), memo,
+                               own_known ? &own : nullptr);
     if (!(ordered == greedy)) consider_order(ordered);
     greedy_settled = greedy_orders && !above_bound();
     const detail::Transitions split = detail::split_reduce_scatters(greedy);
