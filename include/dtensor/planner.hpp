@@ -1698,8 +1698,11 @@ struct plan_builder {
         // Padded when some rank's exact time exceeds the padded time of the busiest rank, the
         // origin (costs_most_at_origin). The exact times depend only on the rank's blocks, which
         // differ only along mesh dims that shard before or after the step.
-        const RankStepCost padded =
-            rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, true, origin, o.cost_model);
+        // The origin's blocks, for its padded time and (visited first below) its exact time.
+        const Box at_before = base.local_box(s.before, origin);
+        const Box at_after = base.local_box(s.after, origin);
+        const RankStepCost padded = rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim,
+                                                   true, origin, at_before, at_after, o.cost_model);
         bool same[max_mesh_dims] = {};
         for (int k = 0; k < mesh.ndim(); ++k)
           same[k] = !s.before[k].is_shard() && !s.after[k].is_shard();
@@ -1707,7 +1710,7 @@ struct plan_builder {
         // pair of each kind (the step is no all-reduce).
         if (visited_coords(mesh, same) > 8) {
           s.padded = padded.us < rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false,
-                                                origin, o.cost_model)
+                                                origin, at_before, at_after, o.cost_model)
                                      .us;
           if (s.padded ||
               for_each_block_shape(base, s.before, s.after, [&](const Box& have, const Box& want) {
@@ -1720,7 +1723,10 @@ struct plan_builder {
         }
         for_each_coord_while(mesh, origin, same, [&](const MeshCoord& c) {
           const double exact =
-              rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c, o.cost_model)
+              (c == origin ? rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c,
+                                            at_before, at_after, o.cost_model)
+                           : rank_step_cost(base, s.before, s.after, s.kind, s.mesh_dim, false, c,
+                                            o.cost_model))
                   .us;
           s.padded = padded.us < exact;
           return !s.padded;
